@@ -1,0 +1,90 @@
+"""The device model every part of topodra shares.
+
+Discovery (real NVML or mock hardware) produces ``Device`` objects; the
+ResourceSlice builder publishes their attributes and capacity; prepare turns
+the private ``uuid``/``device_nodes``/``env`` facts into CDI edits.  Attribute
+values mirror ``resource.k8s.io/v1`` DeviceAttribute: exactly one of
+string/int/bool/version is set.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+
+
+class AttributeValue(BaseModel):
+    """One typed attribute value, exactly as the Kubernetes API encodes it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    string: str | None = None
+    int: int | None = None  # noqa: A003 - the API's field name
+    bool: bool | None = None  # noqa: A003
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> AttributeValue:
+        set_fields = [f for f in ("string", "int", "bool", "version") if getattr(self, f) is not None]
+        if len(set_fields) != 1:
+            raise ValueError(f"attribute value needs exactly one of string/int/bool/version, got {set_fields}")
+        return self
+
+    def to_api(self) -> dict[str, object]:
+        return self.model_dump(exclude_none=True)
+
+    @property
+    def value(self) -> str | int | bool:
+        for f in ("string", "int", "bool", "version"):
+            v = getattr(self, f)
+            if v is not None:
+                return v  # type: ignore[no-any-return]
+        raise AssertionError("unreachable")
+
+
+def s(v: str) -> AttributeValue:
+    return AttributeValue(string=v)
+
+
+def i(v: int) -> AttributeValue:
+    return AttributeValue(int=v)
+
+
+def b(v: bool) -> AttributeValue:
+    return AttributeValue(bool=v)
+
+
+def ver(v: str) -> AttributeValue:
+    return AttributeValue(version=v)
+
+
+class Device(BaseModel):
+    """A device on one node: what is published and what prepare needs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="DNS label, unique in the node's pool, e.g. gpu-0 or nic-3")
+    kind: Literal["gpu", "nic"]
+    # Published: keys are unqualified for our driver's domain, or fully qualified
+    # (e.g. resource.kubernetes.io/pcieRoot) for cross-driver standard attributes.
+    attributes: dict[str, AttributeValue] = Field(default_factory=dict)
+    # Published capacity, as Kubernetes quantity strings (e.g. "80Gi").
+    capacity: dict[str, str] = Field(default_factory=dict)
+    # Private, used only at prepare time.
+    uuid: str = ""
+    device_nodes: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Device:
+        if not DNS_LABEL.match(self.name):
+            raise ValueError(f"device name {self.name!r} is not a DNS label")
+        n = len(self.attributes) + len(self.capacity)
+        if n > MAX_ATTRIBUTES_AND_CAPACITIES:
+            raise ValueError(f"device {self.name} has {n} attributes+capacities; the API allows 32")
+        return self
