@@ -9,6 +9,7 @@ string/int/bool/version is set.
 
 from __future__ import annotations
 
+import builtins
 import re
 from typing import Literal
 
@@ -24,8 +25,8 @@ class AttributeValue(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     string: str | None = None
-    int: int | None = None  # noqa: A003 - the API's field name
-    bool: bool | None = None  # noqa: A003
+    int: int | None = None
+    bool: bool | None = None
     version: str | None = None
 
     @model_validator(mode="after")
@@ -39,7 +40,7 @@ class AttributeValue(BaseModel):
         return self.model_dump(exclude_none=True)
 
     @property
-    def value(self) -> str | int | bool:
+    def value(self) -> str | builtins.int | builtins.bool:
         for f in ("string", "int", "bool", "version"):
             v = getattr(self, f)
             if v is not None:

@@ -1,0 +1,38 @@
+# topodra: `make demo` runs the mock-GPU demo on a real local cluster; `make test` runs everything CI runs.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: venv lint typecheck unit test demo demo-down bins proto clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+bins:
+	hack/install-deps
+	hack/build-bins >/dev/null
+
+lint: venv
+	$(VENV)/bin/ruff check driver tests hack bench
+
+typecheck: venv
+	mkdir -p .mypy-src && ln -sfn ../driver .mypy-src/topodra
+	$(VENV)/bin/mypy -p topodra
+
+test: venv bins lint typecheck
+	$(VENV)/bin/pytest -q -rA --durations=15 tests
+
+demo: venv bins
+	hack/demo
+
+demo-down:
+	hack/demo down
+
+proto: venv
+	hack/gen-proto

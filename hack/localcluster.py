@@ -1,0 +1,745 @@
+"""A real, local, loopback-only Kubernetes cluster built from Go modules.
+
+etcd -> kube-apiserver -> kube-controller-manager -> kube-scheduler run as host
+processes; ``--node`` adds containerd (CDI on) and a real kubelet; ``--fake-nodes``
+adds kubelet-less Ready Node objects for scheduling at scale.  Everything binds to
+127.0.0.1 or unix sockets.  State (PKI, kubeconfigs, pids, logs, etcd data) lives
+in one directory; ``down`` stops exactly the processes recorded there, unmounts
+what the node left mounted, restores sysctls and /etc/hosts, and removes it.
+
+Used by ``hack/cluster`` (CLI) and by the pytest fixtures in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
+K8S_VERSION = "v1.37.2"
+NODE_NAME = "topodra-node"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
+BUSYBOX_IMAGE = "localhost/busybox:1.35"
+SERVICE_CIDR = "10.0.0.0/24"
+KUBELET_ROOT = Path("/var/lib/kubelet")
+HOSTS_MARK = "# topodra-cluster"
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+
+PORTS = {
+    "etcd": [2379, 2380],
+    "kube-apiserver": [6443],
+    "kube-controller-manager": [10257],
+    "kube-scheduler": [10259],
+    "kubelet": [10250, 10248],
+}
+
+
+class ClusterError(RuntimeError):
+    """A clear, user-facing failure: which component, what happened, the log tail."""
+
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("TOPODRA_CLUSTER_DIR", "/var/lib/topodra-cluster"))
+
+
+def bin_dir(build: bool) -> Path:
+    """The cached binaries directory; builds what is missing when ``build``."""
+    args = [str(HACK / "build-bins")] + ([] if build else ["--print"])
+    out = subprocess.run(args, check=False, stdout=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise ClusterError("hack/build-bins failed (see its output above)")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- PKI
+
+
+def _pki(pki: Path, node_name: str) -> None:
+    """CA, apiserver serving cert, one client cert per identity, SA signing key."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    pki.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    later = now + dt.timedelta(days=30)
+
+    def write_key(name: str, key: Any) -> None:
+        (pki / f"{name}.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        os.chmod(pki / f"{name}.key", 0o600)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "topodra-local-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now).not_valid_after(later)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    write_key("ca", ca_key)
+    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    def issue(name: str, cn: str, orgs: tuple[str, ...] = (), server: bool = False) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
+        b = (x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(ca_name)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now).not_valid_after(later)
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.ExtendedKeyUsage(
+                 [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]),
+                 critical=False))
+        if server:
+            b = b.add_extension(x509.SubjectAlternativeName([
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+                x509.DNSName("localhost"), x509.DNSName("kubernetes"),
+                x509.DNSName("kubernetes.default"), x509.DNSName("kubernetes.default.svc"),
+                x509.DNSName("kubernetes.default.svc.cluster.local")]), critical=False)
+        cert = b.sign(ca_key, hashes.SHA256())
+        write_key(name, key)
+        (pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    issue("apiserver", "kube-apiserver", server=True)
+    issue("admin", "topodra-admin", ("system:masters",))
+    issue("kube-controller-manager", "system:kube-controller-manager")
+    issue("kube-scheduler", "system:kube-scheduler")
+    issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",))
+    issue("node", f"system:node:{node_name}", ("system:nodes",))
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    write_key("sa", sa)
+    (pki / "sa.pub").write_bytes(sa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def _kubeconfig(path: Path, pki: Path, ident: str) -> None:
+    cfg = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": "https://127.0.0.1:6443", "certificate-authority": str(pki / "ca.crt")}}],
+        "users": [{"name": ident, "user": {
+            "client-certificate": str(pki / f"{ident}.crt"), "client-key": str(pki / f"{ident}.key")}}],
+        "contexts": [{"name": ident, "context": {"cluster": "local", "user": ident}}],
+        "current-context": ident,
+    }
+    path.write_text(json.dumps(cfg, indent=2))  # JSON is valid YAML
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def port_holder(port: int) -> str | None:
+    """None if 127.0.0.1:port is free, else a description of what holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            pass
+        else:
+            return None
+    try:
+        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True,
+                             check=False).stdout.strip()
+    except FileNotFoundError:
+        out = ""
+    return out or "unknown process"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def children_of(pids: set[int]) -> set[int]:
+    """All live descendants of ``pids`` (from /proc)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = set(pids)
+    while frontier:
+        nxt = {p for p, pp in parent.items() if pp in frontier and p not in found}
+        found |= nxt
+        frontier = nxt
+    return found
+
+
+def procs_matching(needle: str) -> set[int]:
+    out: set[int] = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.add(int(d.name))
+    return out
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass
+class Cluster:
+    state_dir: Path = field(default_factory=default_state_dir)
+    node_name: str = NODE_NAME
+
+    @property
+    def pki(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.state_dir / "admin.kubeconfig"
+
+    @property
+    def containerd_state(self) -> Path:
+        return Path("/run/topodra-containerd")
+
+    @property
+    def containerd_sock(self) -> Path:
+        return self.containerd_state / "containerd.sock"
+
+    # ----- metadata (pids etc.)
+
+    def meta(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.meta_path.read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, meta: dict[str, Any]) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(self.meta_path)
+
+    def running(self) -> dict[str, int]:
+        return {n: p for n, p in (self.meta().get("pids") or {}).items() if pid_alive(p)}
+
+    # ----- API access for the harness itself (stdlib only)
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"https://127.0.0.1:6443{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              "Accept": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl(), timeout=timeout) as r:
+            raw = r.read()
+        return json.loads(raw) if raw.startswith(b"{") else raw.decode()
+
+    # ----- processes
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        logf = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **(env or {})})
+        meta = self.meta()
+        meta.setdefault("pids", {})[name] = proc.pid
+        self._save(meta)
+        log(f"started {name} (pid {proc.pid}), log {self.logs / (name + '.log')}")
+        return proc.pid
+
+    def _wait(self, name: str, check: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pid = self.meta()["pids"][name]
+        last = ""
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                raise ClusterError(f"{name} exited during startup. Last log lines:\n"
+                                   f"{tail(self.logs / (name + '.log'))}")
+            try:
+                if check():
+                    return
+            except Exception as e:
+                last = str(e)
+            time.sleep(0.5)
+        raise ClusterError(f"{name} not ready after {timeout:.0f}s ({last}). Last log lines:\n"
+                           f"{tail(self.logs / (name + '.log'))}")
+
+    def _https_ok(self, port: int, path: str) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        if port != 6443:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        else:
+            ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=ctx, timeout=3) as r:
+            return bool(r.status == 200)
+
+    # ----- up
+
+    def preflight(self, node: bool) -> None:
+        alive = self.running()
+        if alive:
+            raise ClusterError(f"a cluster is already running from {self.state_dir} "
+                               f"({', '.join(f'{n}={p}' for n, p in alive.items())}); "
+                               "run 'hack/cluster down' first")
+        if self.state_dir.exists() and any(self.state_dir.iterdir()):
+            if not self.meta_path.exists():
+                raise ClusterError(f"{self.state_dir} exists and is not a topodra cluster directory; "
+                                   "refusing to touch it (set TOPODRA_CLUSTER_DIR)")
+            log(f"removing stale state of a stopped cluster in {self.state_dir}")
+            self.down(quiet=True)
+        comps = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+        if node:
+            comps.append("kubelet")
+        busy = [f"127.0.0.1:{p} ({c}) is in use by {h}" for c in comps for p in PORTS[c]
+                if (h := port_holder(p))]
+        if busy:
+            raise ClusterError("ports needed by the cluster are in use:\n  " + "\n  ".join(busy))
+        if node:
+            marker = KUBELET_ROOT / ".topodra-cluster"
+            if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()) and not marker.exists():
+                raise ClusterError(f"{KUBELET_ROOT} is in use by another kubelet; refusing to start a node")
+            if self.containerd_sock.exists() and procs_matching(str(self.containerd_sock)):
+                raise ClusterError(f"a containerd already serves {self.containerd_sock}")
+
+    def up(self, node: bool = False, fake_nodes: int = 0, build: bool = True) -> None:
+        t0 = time.monotonic()
+        bins = bin_dir(build)
+        self.preflight(node)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._save({"pids": {}, "bin_dir": str(bins), "node": node, "node_name": self.node_name,
+                    "started": time.time()})
+        try:
+            self._up_control_plane(bins)
+            log(f"control plane ready in {time.monotonic() - t0:.1f}s")
+            if node:
+                t1 = time.monotonic()
+                self._up_node(bins)
+                log(f"node {self.node_name} Ready in {time.monotonic() - t1:.1f}s")
+            if fake_nodes:
+                self.create_fake_nodes([f"fake-node-{i}" for i in range(fake_nodes)])
+        except BaseException:
+            log(f"startup failed; stopping what was started (logs kept in {self.logs})")
+            self.down(quiet=True, keep_logs=True)
+            raise
+        log(f"cluster up in {time.monotonic() - t0:.1f}s")
+
+    def _up_control_plane(self, bins: Path) -> None:
+        _pki(self.pki, self.node_name)
+        for ident in ("admin", "kube-controller-manager", "kube-scheduler", "node"):
+            _kubeconfig(self.state_dir / f"{ident}.kubeconfig", self.pki, ident)
+        p = self.pki
+        self._start("etcd", [
+            str(bins / "etcd"), "--name=topodra", f"--data-dir={self.state_dir / 'etcd'}",
+            "--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
+            "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=topodra=http://127.0.0.1:2380", "--listen-metrics-urls=",
+            "--unsafe-no-fsync=true", "--log-level=warn"])
+        self._wait("etcd", lambda: urllib.request.urlopen("http://127.0.0.1:2379/health", timeout=2)
+                   .status == 200, 60)
+        self._start("kube-apiserver", [
+            str(bins / "kube-apiserver"),
+            "--etcd-servers=http://127.0.0.1:2379", "--bind-address=127.0.0.1", "--secure-port=6443",
+            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            "--kubelet-preferred-address-types=Hostname",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction,ResourceQuota",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
+            "--allow-privileged=true", "--storage-media-type=application/vnd.kubernetes.protobuf",
+            "--profiling=false", "--v=1"])
+        self._wait("kube-apiserver", lambda: self._https_ok(6443, "/readyz"), 120)
+        common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "--v=1"]
+        self._start("kube-controller-manager", [
+            str(bins / "kube-controller-manager"), *common,
+            f"--kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
+            f"--authentication-kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
+            f"--authorization-kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
+            f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={p / 'ca.crt'}",
+            "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Kubelet-less fake nodes never heartbeat: a long grace period keeps them Ready while the
+            # node lifecycle controller still removes the not-ready taint as on a real cluster.
+            "--node-monitor-grace-period=8760h", "--controllers=*"])
+        self._start("kube-scheduler", [
+            str(bins / "kube-scheduler"), *common,
+            f"--kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}",
+            f"--authentication-kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}"])
+        self._wait("kube-controller-manager", lambda: self._https_ok(10257, "/healthz"), 90)
+        self._wait("kube-scheduler", lambda: self._https_ok(10259, "/healthz"), 90)
+        # The default namespace's ServiceAccount shows the controller-manager is really working.
+        self._wait("kube-controller-manager", lambda: bool(
+            self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default")), 60)
+
+    # ----- node
+
+    def _hosts_entry(self) -> None:
+        hosts = Path("/etc/hosts")
+        text = hosts.read_text()
+        if any(line.split()[1:2] == [self.node_name] for line in text.splitlines() if line.strip()):
+            return
+        hosts.write_text(text + ("" if text.endswith("\n") else "\n") +
+                         f"127.0.0.1 {self.node_name} {HOSTS_MARK}\n")
+
+    def _up_node(self, bins: Path) -> None:
+        meta = self.meta()
+        meta["sysctls"] = {k: Path("/proc/sys", k).read_text().strip() for k in SYSCTLS}
+        self._save(meta)
+        self._hosts_entry()
+        cni = self.state_dir / "cni"
+        cni.mkdir(parents=True, exist_ok=True)
+        (cni / "10-loopback.conflist").write_text(
+            '{"cniVersion":"1.0.0","name":"topodra-loopback","plugins":[{"type":"loopback"}]}\n')
+        ctd_root = self.state_dir / "containerd"
+        runc = shutil.which("runc") or "/usr/sbin/runc"
+        (self.state_dir / "containerd.toml").write_text(f"""version = 3
+root = "{ctd_root}"
+state = "{self.containerd_state}"
+[grpc]
+  address = "{self.containerd_sock}"
+[ttrpc]
+  address = "{self.containerd_sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{cni}"
+""")
+        env = {"PATH": f"{bins}:{os.environ.get('PATH', '')}"}
+        self._start("containerd", [str(bins / "containerd"), "--config", str(self.state_dir / "containerd.toml")],
+                    env=env)
+        ctr = [str(bins / "ctr"), "--address", str(self.containerd_sock), "-n", "k8s.io"]
+        self._wait("containerd", lambda: subprocess.run([*ctr, "version"], capture_output=True,
+                                                        check=False).returncode == 0, 60)
+        for tar in self._images():
+            r = subprocess.run([*ctr, "images", "import", "--platform", "linux/amd64", str(tar)],
+                               capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                raise ClusterError(f"importing {tar.name} into containerd failed: {r.stderr.strip()}")
+        KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
+        (KUBELET_ROOT / ".topodra-cluster").write_text(str(self.state_dir))
+        (self.state_dir / "kubelet.yaml").write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": "127.0.0.1", "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
+            "readOnlyPort": 0, "port": 10250,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False, "oomScoreAdj": 0,
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(self.pki / "ca.crt")}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "resolvConf": "/etc/resolv.conf", "serializeImagePulls": False,
+            "localStorageCapacityIsolation": True,
+            "registerNode": True, "syncFrequency": "10s", "fileCheckFrequency": "10s",
+        }, indent=2))
+        self._start("kubelet", [
+            str(bins / "kubelet"), f"--config={self.state_dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.state_dir / 'node.kubeconfig'}", f"--root-dir={KUBELET_ROOT}",
+            f"--hostname-override={self.node_name}", "--v=2"], env=env)
+        self._wait("kubelet", self._node_ready, 120)
+
+    def _node_ready(self) -> bool:
+        node = self.api("GET", f"/api/v1/nodes/{self.node_name}")
+        conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+        return conds.get("Ready") == "True"
+
+    def _images(self) -> list[Path]:
+        """Build (once, cached next to the binaries) the pause and busybox OCI tarballs."""
+        out = self.state_dir / "images"
+        out.mkdir(parents=True, exist_ok=True)
+        busybox = shutil.which("busybox") or "/bin/busybox"
+        if not Path(busybox).exists():
+            raise ClusterError("busybox-static is not installed (apt-get install busybox-static)")
+        pause_root = out / "pause-root"
+        pause_root.mkdir(exist_ok=True)
+        r = subprocess.run(["gcc", "-static", "-Os", "-o", str(pause_root / "pause"), str(HACK / "images/pause.c")],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise ClusterError(f"building the pause binary failed: {r.stderr.strip()}")
+        bb_root = out / "busybox-root"
+        (bb_root / "bin").mkdir(parents=True, exist_ok=True)
+        (bb_root / "tmp").mkdir(exist_ok=True)
+        shutil.copy2(busybox, bb_root / "bin/busybox")
+        for applet in ("sh", "env", "cat", "echo", "ls", "sleep", "true", "grep", "sort", "printenv"):
+            link = bb_root / "bin" / applet
+            if not link.exists():
+                link.symlink_to("busybox")
+        mk = HACK / "images/mkoci.py"
+        tars = [(out / "pause.tar", pause_root, PAUSE_IMAGE, ["/pause"], []),
+                (out / "busybox.tar", bb_root, BUSYBOX_IMAGE, [], ["/bin/sh"])]
+        for tar, root, name, ep, cmd in tars:
+            argv = [sys.executable, str(mk), "--rootfs", str(root), "--name", name, "-o", str(tar)]
+            if ep:
+                argv += ["--entrypoint", *ep]
+            if cmd:
+                argv += ["--cmd", *cmd]
+            subprocess.run(argv, check=True)
+        return [t[0] for t in tars]
+
+    # ----- fake nodes
+
+    def create_fake_nodes(self, names: list[str], labels: dict[str, str] | None = None,
+                          cpu: str = "128", memory: str = "2Ti", pods: str = "250") -> None:
+        for name in names:
+            node = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {
+                    "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                    "topodra.io/fake-node": "true", **(labels or {})}},
+                "spec": {},
+            }
+            try:
+                self.api("POST", "/api/v1/nodes", node)
+            except urllib.error.HTTPError as e:
+                if e.code != 409:
+                    raise
+            self.mark_ready(name, cpu, memory, pods)
+        log(f"fake nodes Ready: {', '.join(names)}")
+
+    def mark_ready(self, name: str, cpu: str, memory: str, pods: str) -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cap = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "10Ti"}
+        status = {"status": {
+            "capacity": cap, "allocatable": cap,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet-less fake node (topodra harness)",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "addresses": [{"type": "Hostname", "address": name}],
+            "nodeInfo": {"kubeletVersion": K8S_VERSION, "operatingSystem": "linux", "architecture": "amd64",
+                         "containerRuntimeVersion": "fake://0", "kernelVersion": "", "osImage": "",
+                         "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}}
+        data = json.dumps(status).encode()
+        req = urllib.request.Request(f"https://127.0.0.1:6443/api/v1/nodes/{name}/status", data=data,
+                                     method="PATCH",
+                                     headers={"Content-Type": "application/merge-patch+json"})
+        with urllib.request.urlopen(req, context=self._ssl(), timeout=10):
+            pass
+
+    # ----- down
+
+    def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
+        meta = self.meta()
+        if not meta and not self.state_dir.exists():
+            if not quiet:
+                log("nothing to stop")
+            return
+        pids: dict[str, int] = meta.get("pids") or {}
+        # Pods first: shims and container processes were started on containerd's behalf.
+        ctd_procs = procs_matching(f"-address {self.containerd_sock}") if self.containerd_sock else set()
+        order = ["kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "containerd", "etcd"]
+        for name in order:
+            pid = pids.get(name)
+            if pid and pid_alive(pid):
+                self._stop(name, pid)
+        leftovers = ctd_procs | children_of(ctd_procs)
+        for pid in sorted(leftovers, reverse=True):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for name, pid in pids.items():
+            if name not in order and pid_alive(pid):
+                self._stop(name, pid)
+        self._unmount()
+        for key, value in (meta.get("sysctls") or {}).items():
+            with contextlib.suppress(OSError):
+                Path("/proc/sys", key).write_text(value)
+        self._remove_hosts_entry()
+        self._remove_cgroups()
+        if meta.get("node"):
+            marker = KUBELET_ROOT / ".topodra-cluster"
+            if marker.exists():
+                shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
+            shutil.rmtree(self.containerd_state, ignore_errors=True)
+        if keep_logs and self.logs.exists():
+            dest = Path(os.environ.get("TOPODRA_LOG_ARCHIVE", str(self.state_dir) + "-logs"))
+            dest = dest / time.strftime("%Y%m%d-%H%M%S")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(self.logs, dest, dirs_exist_ok=True)
+            log(f"logs kept in {dest}")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        if not quiet:
+            log("cluster stopped; no process, mount or state left")
+
+    def _stop(self, name: str, pid: int, grace: float = 10) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and pid_alive(pid):
+            time.sleep(0.1)
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        log(f"stopped {name} (pid {pid})")
+
+    def _mounts(self) -> Iterator[str]:
+        roots = (str(KUBELET_ROOT), str(self.state_dir), str(self.containerd_state))
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            mp = line.split()[4].replace("\\040", " ")
+            if mp in roots or mp.startswith(tuple(r + "/" for r in roots)):
+                yield mp
+
+    def _unmount(self) -> None:
+        for _ in range(3):
+            mps = sorted(set(self._mounts()), key=len, reverse=True)
+            if not mps:
+                return
+            for mp in mps:
+                r = subprocess.run(["umount", mp], capture_output=True, check=False)
+                if r.returncode != 0:
+                    subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
+        left = list(self._mounts())
+        if left:
+            log(f"WARNING: could not unmount: {left}")
+
+    def _remove_hosts_entry(self) -> None:
+        hosts = Path("/etc/hosts")
+        with contextlib.suppress(OSError):
+            text = hosts.read_text()
+            kept = [ln for ln in text.splitlines() if not ln.rstrip().endswith(HOSTS_MARK)]
+            if len(kept) != len(text.splitlines()):
+                hosts.write_text("\n".join(kept) + "\n")
+
+    def _remove_cgroups(self) -> None:
+        root = Path("/sys/fs/cgroup")
+        for hier in [root, *root.iterdir()] if root.exists() else []:
+            kp = hier / "kubepods"
+            if kp.is_dir():
+                for d in sorted((p for p in kp.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                                reverse=True):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+                with contextlib.suppress(OSError):
+                    kp.rmdir()
+
+    # ----- status
+
+    def status(self) -> str:
+        meta = self.meta()
+        if not meta:
+            return "no cluster (nothing running)"
+        lines = [f"cluster dir {self.state_dir} (binaries {meta.get('bin_dir')})"]
+        for name, pid in (meta.get("pids") or {}).items():
+            lines.append(f"  {name:24s} pid {pid:<8d} {'running' if pid_alive(pid) else 'NOT RUNNING'}")
+        if self.running().get("kube-apiserver"):
+            with contextlib.suppress(Exception):
+                nodes = self.api("GET", "/api/v1/nodes")["items"]
+                for n in nodes:
+                    ready = {c["type"]: c["status"] for c in n["status"].get("conditions", [])}.get("Ready")
+                    lines.append(f"  node {n['metadata']['name']:20s} Ready={ready}")
+        lines.append(f"export KUBECONFIG={self.admin_kubeconfig}")
+        return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="hack/cluster", description="Real local Kubernetes (loopback only).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start the control plane (and optionally a real node and fake nodes)")
+    up.add_argument("--node", action="store_true", help="also start containerd + a real kubelet")
+    up.add_argument("--fake-nodes", type=int, default=0, metavar="N", help="add N kubelet-less Ready nodes")
+    up.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
+    down = sub.add_parser("down", help="stop everything this harness started and remove its state")
+    down.add_argument("--keep-logs", action="store_true", help="copy component logs aside before removing state")
+    sub.add_parser("status", help="say what is running")
+    fk = sub.add_parser("fake-nodes", help="add kubelet-less Ready nodes to a running cluster")
+    fk.add_argument("names", nargs="+")
+    args = p.parse_args(argv)
+    c = Cluster()
+    try:
+        if args.cmd == "up":
+            c.up(node=args.node, fake_nodes=args.fake_nodes, build=not args.no_build)
+            print(f"export KUBECONFIG={c.admin_kubeconfig}")
+        elif args.cmd == "down":
+            c.down(keep_logs=args.keep_logs)
+        elif args.cmd == "status":
+            print(c.status())
+        elif args.cmd == "fake-nodes":
+            c.create_fake_nodes(args.names)
+    except ClusterError as e:
+        print(f"hack/cluster: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

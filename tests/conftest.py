@@ -1,0 +1,149 @@
+"""Session fixtures that run tests against the real local cluster (hack/localcluster.py).
+
+``cluster`` brings up the control plane once per test run; ``node_cluster`` the
+same plus containerd and a real kubelet.  Asking for ``node_cluster`` after
+``cluster`` upgrades the running cluster (the control plane is restarted with a
+node) so the whole run shares one cluster.  Component logs are copied to
+``.run/logs/<timestamp>`` in the repo when the session ends, pass or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hack"))
+
+import localcluster  # noqa: E402
+from topodra.kube import Kube  # noqa: E402
+
+LOG_ARCHIVE = REPO / ".run" / "logs"
+
+
+class ClusterHandle:
+    """What tests get: kubeconfig, an admin client, kubectl, YAML apply, fake nodes."""
+
+    def __init__(self, lc: localcluster.Cluster, with_node: bool) -> None:
+        self.lc = lc
+        self.with_node = with_node
+        self.kubeconfig = str(lc.admin_kubeconfig)
+        self.run_dir = lc.state_dir
+        self.bin_dir = Path(lc.meta()["bin_dir"])
+        self.node_name = lc.node_name
+        self.kube = Kube.from_kubeconfig(self.kubeconfig)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120) -> str:
+        r = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                           capture_output=True, text=True, input=input, timeout=timeout, check=False)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+        return r.stdout if r.returncode == 0 else r.stdout + r.stderr
+
+    def apply_yaml(self, text_or_path: str | Path, *extra: str) -> str:
+        if isinstance(text_or_path, Path) or (isinstance(text_or_path, str) and "\n" not in text_or_path
+                                               and Path(text_or_path).exists()):
+            return self.kubectl("apply", "-f", str(text_or_path), *extra)
+        return self.kubectl("apply", "-f", "-", *extra, input=str(text_or_path))
+
+    def fake_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> None:
+        self.lc.create_fake_nodes(names, labels)
+
+    def namespace(self, prefix: str = "t") -> str:
+        ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": ns}})
+        # Pods need the default ServiceAccount, which the controller-manager creates.
+        wait_for(lambda: self.kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), 30,
+                 f"default ServiceAccount in {ns}")
+        return ns
+
+
+def wait_for(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception as e:
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" +
+                         (f" (last error: {last_exc})" if last_exc else ""))
+
+
+class _Manager:
+    """One cluster per pytest session, upgraded to a node cluster on demand."""
+
+    def __init__(self) -> None:
+        self.lc: localcluster.Cluster | None = None
+        self.with_node = False
+        self.owned = False
+
+    def get(self, node: bool) -> ClusterHandle:
+        if self.lc is None or (node and not self.with_node):
+            self._start(node)
+        assert self.lc is not None
+        return ClusterHandle(self.lc, self.with_node)
+
+    def _start(self, node: bool) -> None:
+        state = os.environ.get("TOPODRA_TEST_CLUSTER_DIR") or tempfile.mkdtemp(prefix="topodra-test-cluster-")
+        if self.lc is not None:
+            self.stop()
+        lc = localcluster.Cluster(state_dir=Path(state))
+        if not os.environ.get("TOPODRA_TEST_CLUSTER_DIR"):
+            # A fresh temp dir: let the harness own it (it refuses non-empty foreign dirs).
+            Path(state).rmdir()
+        lc.up(node=node, build=True)
+        self.lc, self.with_node, self.owned = lc, node, True
+
+    def stop(self) -> None:
+        if self.lc is not None and self.owned:
+            os.environ["TOPODRA_LOG_ARCHIVE"] = str(LOG_ARCHIVE)
+            self.lc.down(quiet=True, keep_logs=True)
+        self.lc = None
+
+
+_MANAGER = _Manager()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterHandle]:
+    yield _MANAGER.get(node=False)
+
+
+@pytest.fixture(scope="session")
+def node_cluster() -> Iterator[ClusterHandle]:
+    yield _MANAGER.get(node=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _MANAGER.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run node tests last and cluster tests before them, so the cluster is upgraded at most once."""
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("node"):
+            return 2
+        if item.get_closest_marker("cluster"):
+            return 1
+        return 0
+    items.sort(key=rank)
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

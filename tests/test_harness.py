@@ -1,0 +1,117 @@
+"""The local cluster is real: API validation, controller-manager, quota, and a real kubelet running a pod."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ClusterHandle, wait_for
+from topodra.kube import KubeError
+
+pytestmark = pytest.mark.cluster
+
+R = "/apis/resource.k8s.io/v1"
+
+
+def test_resource_v1_is_served_and_version_is_pinned(cluster: ClusterHandle) -> None:
+    groups = cluster.kube.request("GET", "/apis/resource.k8s.io")
+    assert "v1" in [v["version"] for v in groups["versions"]]
+    res = {r["name"] for r in cluster.kube.request("GET", R)["resources"]}
+    assert {"resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses"} <= res
+    version = json.loads(cluster.kubectl("version", "-o", "json"))
+    assert version["serverVersion"]["gitVersion"] == "v1.37.2"
+    assert version["clientVersion"]["gitVersion"] == "v1.37.2"
+
+
+def test_invalid_cel_deviceclass_is_rejected(cluster: ClusterHandle) -> None:
+    bad = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "bad-cel"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.attributes["x"].model ==== 1'}}]}}
+    with pytest.raises(KubeError) as e:
+        cluster.kube.create(f"{R}/deviceclasses", bad)
+    assert e.value.status == 422
+    assert "compil" in e.value.message.lower() or "syntax" in e.value.message.lower()
+    assert cluster.kube.get(f"{R}/deviceclasses/bad-cel") is None
+
+
+def test_claim_template_yields_claim(cluster: ClusterHandle) -> None:
+    ns = cluster.namespace("tmpl")
+    cluster.fake_nodes(["harness-fake-0"])
+    cluster.kube.create(f"{R}/deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "harness-any"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "harness.example.com"'}}]}}) \
+        if cluster.kube.get(f"{R}/deviceclasses/harness-any") is None else None
+    cluster.kube.create(f"{R}/namespaces/{ns}/resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "dev", "exactly": {"deviceClassName": "harness-any"}}]}}}})
+    cluster.kube.create(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"nodeName": "harness-fake-0", "containers": [
+            {"name": "c", "image": "localhost/busybox:1.35", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}]}})
+    claims = wait_for(lambda: list(cluster.kube.list(f"{R}/namespaces/{ns}/resourceclaims")), 60,
+                      "controller-manager to create the ResourceClaim")
+    assert len(claims) == 1
+    owner = claims[0]["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "Pod" and owner["name"] == "p"
+    pod = cluster.kube.get(f"/api/v1/namespaces/{ns}/pods/p")
+    assert pod and pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"] == claims[0]["metadata"]["name"]
+
+
+def test_resourcequota_rejects_excess_claim(cluster: ClusterHandle) -> None:
+    ns = cluster.namespace("quota")
+    cluster.kube.create(f"/api/v1/namespaces/{ns}/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "claims"},
+        "spec": {"hard": {"count/resourceclaims.resource.k8s.io": "1"}}})
+    wait_for(lambda: (cluster.kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/claims") or {})
+             .get("status", {}).get("hard"), 30, "quota status")
+
+    def claim(name: str) -> dict[str, object]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "any"}}]}}}
+
+    cluster.kube.create(f"{R}/namespaces/{ns}/resourceclaims", claim("first"))
+    with pytest.raises(KubeError) as e:
+        cluster.kube.create(f"{R}/namespaces/{ns}/resourceclaims", claim("second"))
+    assert e.value.status == 403
+    assert "exceeded quota" in e.value.message
+    assert cluster.kube.get(f"{R}/namespaces/{ns}/resourceclaims/second") is None
+
+
+def test_up_twice_fails_clearly_and_disturbs_nothing(cluster: ClusterHandle) -> None:
+    env_dir = str(cluster.run_dir)
+    r = subprocess.run([sys.executable, str(REPO / "hack/localcluster.py"), "up", "--no-build"],
+                       capture_output=True, text=True, env={"TOPODRA_CLUSTER_DIR": env_dir, "PATH": "/usr/bin:/bin"},
+                       check=False)
+    assert r.returncode == 1
+    assert "already running" in r.stderr
+    assert cluster.kube.request("GET", "/version")["gitVersion"] == "v1.37.2"
+
+
+def test_port_in_use_is_reported(tmp_path: Path, cluster: ClusterHandle) -> None:
+    # The running cluster holds 6443: a second cluster in another dir must say so and start nothing.
+    r = subprocess.run([sys.executable, str(REPO / "hack/localcluster.py"), "up", "--no-build"],
+                       capture_output=True, text=True,
+                       env={"TOPODRA_CLUSTER_DIR": str(tmp_path / "other"), "PATH": "/usr/bin:/bin"},
+                       check=False)
+    assert r.returncode == 1
+    assert "127.0.0.1:6443 (kube-apiserver) is in use" in r.stderr
+    assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.node
+def test_busybox_pod_runs_on_real_node(node_cluster: ClusterHandle) -> None:
+    ns = node_cluster.namespace("pod")
+    node_cluster.kube.create(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello"},
+        "spec": {"hostNetwork": True, "restartPolicy": "Never", "nodeName": node_cluster.node_name,
+                 "automountServiceAccountToken": False,
+                 "containers": [{"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never",
+                                 "command": ["sh", "-c", "echo hello from $(cat /proc/1/comm)"]}]}})
+    wait_for(lambda: (node_cluster.kube.get(f"/api/v1/namespaces/{ns}/pods/hello") or {})
+             .get("status", {}).get("phase") == "Succeeded", 120, "pod to succeed")
+    out = node_cluster.kubectl("logs", "-n", ns, "hello")
+    assert out.strip().startswith("hello from")
