@@ -25,8 +25,9 @@ class AttributeValue(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     string: str | None = None
-    int: int | None = None
-    bool: bool | None = None
+    # The API's field names shadow the builtins inside this class body.
+    int: builtins.int | None = None
+    bool: builtins.bool | None = None
     version: str | None = None
 
     @model_validator(mode="after")

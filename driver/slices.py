@@ -1,0 +1,87 @@
+"""Pure translation of a node's devices into ``resource.k8s.io/v1`` ResourceSlices.
+
+One pool per node, named after the node.  Devices are ordered deterministically
+(GPUs before NICs, then by index) and split into slices of at most 128 devices
+(64 when a device uses taints or counters), each carrying the pool's generation
+and the total slice count, so the scheduler sees a consistent pool.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from topodra.devices import Device
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_ADVANCED = 64
+_KIND_ORDER = {"gpu": 0, "nic": 1}
+_NUM = re.compile(r"(\d+)")
+
+
+def device_sort_key(d: Device) -> tuple[int, tuple[Any, ...]]:
+    """gpu-2 < gpu-10 < nic-0: kind first, then natural order of the name."""
+    parts = tuple(int(p) if p.isdigit() else p for p in _NUM.split(d.name))
+    return (_KIND_ORDER.get(d.kind, 9), parts)
+
+
+def device_to_api(d: Device) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": d.name}
+    if d.attributes:
+        out["attributes"] = {k: v.to_api() for k, v in sorted(d.attributes.items())}
+    if d.capacity:
+        out["capacity"] = {k: {"value": v} for k, v in sorted(d.capacity.items())}
+    return out
+
+
+def slice_name(node_name: str, driver_name: str, index: int) -> str:
+    return f"{node_name}-{driver_name}-{index:03d}"
+
+
+def build_slices(driver_name: str, node_name: str, node_uid: str | None,
+                 devices: Sequence[Device], generation: int) -> list[dict[str, Any]]:
+    """The complete desired set of ResourceSlices for one node's pool."""
+    names = [d.name for d in devices]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"duplicate device names in pool {node_name}: {dupes}")
+    ordered = sorted(devices, key=device_sort_key)
+    per_slice = MAX_DEVICES_PER_SLICE
+    chunks = [ordered[i:i + per_slice] for i in range(0, len(ordered), per_slice)] or [[]]
+    owner = ([{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}]
+             if node_uid else [])
+    slices = []
+    for idx, chunk in enumerate(chunks):
+        meta: dict[str, Any] = {"name": slice_name(node_name, driver_name, idx),
+                                "labels": {"app.kubernetes.io/managed-by": "topodra"}}
+        if owner:
+            meta["ownerReferences"] = owner
+        slices.append({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": meta,
+            "spec": {
+                "driver": driver_name,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                "devices": [device_to_api(d) for d in chunk],
+            },
+        })
+    return slices
+
+
+def same_content(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """True when an existing slice already carries the desired spec (including pool generation)."""
+    e, d = existing.get("spec", {}), desired["spec"]
+    keys = ("driver", "nodeName", "pool", "devices")
+    return all(_normalize(e.get(k)) == _normalize(d.get(k)) for k in keys)
+
+
+def _normalize(v: Any) -> Any:
+    """Quantities come back canonicalized ("80Gi" stays, "1000Mi" may not); compare structurally."""
+    if isinstance(v, dict):
+        return {k: _normalize(x) for k, x in v.items() if x not in (None, [], {})}
+    if isinstance(v, list):
+        return [_normalize(x) for x in v]
+    return v

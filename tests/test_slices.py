@@ -1,0 +1,129 @@
+"""devices -> ResourceSlices (pure), and the publisher against the real apiserver."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import ClusterHandle, wait_for
+from topodra.devices import Device, i, s
+from topodra.kube import KubeError, slices_path
+from topodra.publisher import SlicePublisher
+from topodra.slices import build_slices, device_sort_key, same_content
+
+DRIVER = "gpu.topodra.io"
+
+
+def gpus(n: int, model: str = "H100-SXM5-80GB") -> list[Device]:
+    return [Device(name=f"gpu-{k}", kind="gpu", uuid=f"GPU-{k:08x}",
+                   attributes={"type": s("gpu"), "model": s(model), "index": i(k),
+                               "resource.kubernetes.io/pcieRoot": s(f"pci0000:{k:02x}")},
+                   capacity={"memory": "80Gi"}) for k in range(n)]
+
+
+def test_order_is_natural_and_gpus_first() -> None:
+    devs = [*gpus(12), Device(name="nic-0", kind="nic")]
+    ordered = sorted(reversed(devs), key=device_sort_key)
+    assert [d.name for d in ordered][:3] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert ordered[10].name == "gpu-10" and ordered[-1].name == "nic-0"
+
+
+def test_one_slice_for_small_pool() -> None:
+    out = build_slices(DRIVER, "n1", "uid-1", gpus(8), generation=3)
+    assert len(out) == 1
+    spec = out[0]["spec"]
+    assert spec["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 1}
+    assert spec["nodeName"] == "n1" and spec["driver"] == DRIVER
+    assert [d["name"] for d in spec["devices"]] == [f"gpu-{k}" for k in range(8)]
+    assert spec["devices"][0]["attributes"]["model"] == {"string": "H100-SXM5-80GB"}
+    assert spec["devices"][0]["capacity"]["memory"] == {"value": "80Gi"}
+    assert out[0]["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-1", "controller": True}
+
+
+def test_large_pool_is_split_with_consistent_count() -> None:
+    out = build_slices(DRIVER, "big", None, gpus(300), generation=1)
+    assert [len(x["spec"]["devices"]) for x in out] == [128, 128, 44]
+    assert {x["spec"]["pool"]["resourceSliceCount"] for x in out} == {3}
+    assert len({x["metadata"]["name"] for x in out}) == 3
+    assert "ownerReferences" not in out[0]["metadata"]
+
+
+def test_empty_pool_still_publishes_one_slice() -> None:
+    out = build_slices(DRIVER, "n1", "u", [], generation=1)
+    assert len(out) == 1 and out[0]["spec"]["devices"] == []
+
+
+def test_duplicate_device_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="duplicate device names"):
+        build_slices(DRIVER, "n1", "u", [*gpus(2), *gpus(1)], generation=1)
+
+
+def test_same_content_detects_generation_and_device_changes() -> None:
+    a = build_slices(DRIVER, "n1", "u", gpus(2), 1)[0]
+    assert same_content(a, build_slices(DRIVER, "n1", "u", gpus(2), 1)[0])
+    assert not same_content(a, build_slices(DRIVER, "n1", "u", gpus(2), 2)[0])
+    assert not same_content(a, build_slices(DRIVER, "n1", "u", gpus(3), 1)[0])
+
+
+def _pool(cluster: ClusterHandle, node: str) -> list[dict]:  # type: ignore[type-arg]
+    return list(cluster.kube.list(slices_path(), field_selector=f"spec.driver={DRIVER},spec.nodeName={node}"))
+
+
+@pytest.mark.cluster
+def test_publisher_publishes_reconciles_and_bumps_generation(cluster: ClusterHandle) -> None:
+    node = "pub-node-0"
+    cluster.fake_nodes([node])
+    pub = SlicePublisher(cluster.kube, DRIVER, node, resync_seconds=0.5, min_write_interval=0.1)
+    pub.set_devices(gpus(8))
+    pub.start()
+    try:
+        assert pub.wait_synced(30)
+        first = _pool(cluster, node)
+        assert len(first) == 1
+        gen1 = first[0]["spec"]["pool"]["generation"]
+        assert len(first[0]["spec"]["devices"]) == 8
+        assert first[0]["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+        # Someone (e.g. a restarting kubelet) deletes the node's slices: they come back, newer.
+        for sl in first:
+            cluster.kube.delete(slices_path(sl["metadata"]["name"]))
+        back = wait_for(lambda: _pool(cluster, node), 30, "slices to be re-published")
+        assert back[0]["spec"]["pool"]["generation"] > gen1
+
+        # Hardware change: a GPU disappears -> republished with a new generation.
+        gen2 = back[0]["spec"]["pool"]["generation"]
+        pub.set_devices(gpus(7))
+        wait_for(lambda: len(_pool(cluster, node)[0]["spec"]["devices"]) == 7, 30, "7-device pool")
+        assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] > gen2
+
+        # No change -> no writes (generation stable across resyncs).
+        gen3 = _pool(cluster, node)[0]["spec"]["pool"]["generation"]
+        time.sleep(1.5)
+        assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] == gen3
+    finally:
+        pub.stop()
+    # Stopping leaves the slices in place.
+    assert len(_pool(cluster, node)) == 1
+
+
+@pytest.mark.cluster
+def test_restarted_publisher_adopts_generation(cluster: ClusterHandle) -> None:
+    node = "pub-node-1"
+    cluster.fake_nodes([node])
+    p1 = SlicePublisher(cluster.kube, DRIVER, node)
+    p1.set_devices(gpus(4))
+    assert p1.reconcile_once()
+    gen = p1.generation
+    p2 = SlicePublisher(cluster.kube, DRIVER, node)
+    p2.set_devices(gpus(4))
+    assert not p2.reconcile_once(), "identical content must not be rewritten after a restart"
+    assert p2.generation == gen
+
+
+@pytest.mark.cluster
+def test_apiserver_rejects_nothing_we_publish_and_errors_are_clear(cluster: ClusterHandle) -> None:
+    p = SlicePublisher(cluster.kube, DRIVER, "no-such-node")
+    p.set_devices(gpus(1))
+    with pytest.raises(KubeError, match="does not exist"):
+        p.reconcile_once()
