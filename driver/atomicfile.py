@@ -1,0 +1,81 @@
+"""Crash-safe file replacement.
+
+A reader (the container runtime reading CDI specs, a restarted plugin reading
+its checkpoint) must see either the old file or the complete new one, never a
+torn write, and a completed write must survive power loss.  Hence: write a
+temp file in the same directory, fsync it, rename over the target, fsync the
+directory.  Temp names start with a dot and end in ``.tmp-<pid>`` so the CDI
+cache (which loads only ``*.json``/``*.yaml``) ignores them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+TMP_MARKER = ".tmp-"
+
+
+def temp_path_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}")
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically and durably; on error the old file is untouched."""
+    tmp = temp_path_for(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fchmod(fd, mode)  # umask must not narrow what the runtime may read
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def remove_durably(path: Path) -> bool:
+    """Unlink ``path`` and fsync its directory; False when it did not exist."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    fsync_dir(path.parent)
+    return True
+
+
+def remove_stale_temps(directory: Path, stem_prefix: str) -> list[Path]:
+    """Delete temp files (``.<stem_prefix>*.tmp-<pid>``) left by a writer that crashed.
+
+    Call only while holding the node-wide state lock: every writer holds it
+    while a temp file exists, so any temp file seen then is stale.  (PIDs are
+    no help: a peer plugin pod lives in another PID namespace.)
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    for p in entries:
+        if p.name.startswith("." + stem_prefix) and TMP_MARKER in p.name:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed

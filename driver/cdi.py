@@ -1,0 +1,346 @@
+"""Per-claim CDI specs: how prepared devices reach the container.
+
+The kubelet hands the CDI device IDs we return at prepare time to the
+container runtime, which resolves them against spec files in the CDI
+directories at container creation.  We write one transient spec per claim
+(``<cdi_root>/k8s.<driver>-claim_<claimUID>.json``, kind
+``k8s.<driver>/claim``) whose device names embed the claim UID, so IDs are
+unique per claim and a spec can be dropped as a whole on unprepare.
+
+Spec-level edits (applied once when any device of the claim is injected):
+``TOPODRA_VISIBLE_DEVICES`` (device names) and ``NVIDIA_VISIBLE_DEVICES``
+(GPU UUIDs) list every device of the claim.  Per-device edits carry
+``TOPODRA_DEVICE_<NAME>_*`` variables, the device's own env and its device
+nodes; those stay exact even when a container uses only some requests of a
+claim.  When the NVIDIA Container Toolkit has generated its own CDI spec
+(kind ``nvidia.com/gpu``), the matching ``nvidia.com/gpu=<name>`` IDs are
+returned too, so the toolkit injects driver libraries while we add topodra's
+environment.
+
+Building and validation are pure; only ``write_spec``/``remove_spec``/
+``spec_exists``/``claim_spec_uids``/``load_specs`` touch the filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from topodra.atomicfile import remove_durably, remove_stale_temps, write_atomic
+from topodra.devices import Device
+
+log = logging.getLogger(__name__)
+
+CDI_CLASS = "claim"
+NVIDIA_GPU_KIND = "nvidia.com/gpu"
+DEFAULT_SPEC_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+
+# Released CDI spec versions we can emit, oldest first.
+KNOWN_VERSIONS: tuple[str, ...] = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
+BASE_VERSION = "0.3.0"
+
+_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NVIDIA_MINOR_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
+_DEVICE_NODE_TYPES = {"", "b", "c", "u", "p"}
+_DEVICE_NODE_KEYS = {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"}
+_SUPPORTED_EDIT_KEYS = {"env", "deviceNodes"}
+
+
+class CDISpecInvalid(ValueError):
+    """A spec we built breaks the CDI rules; it is never written."""
+
+
+@dataclass(frozen=True)
+class SpecDevice:
+    """One allocated device of a claim as it goes into the spec."""
+
+    device: Device
+    share_id: str | None = None
+
+
+def vendor(driver_name: str) -> str:
+    return f"k8s.{driver_name}"
+
+
+def kind(driver_name: str) -> str:
+    return f"{vendor(driver_name)}/{CDI_CLASS}"
+
+
+def spec_file_prefix(driver_name: str) -> str:
+    return f"{vendor(driver_name)}-{CDI_CLASS}_"
+
+
+def spec_file_name(driver_name: str, claim_uid: str) -> str:
+    return f"{spec_file_prefix(driver_name)}{claim_uid}.json"
+
+
+def spec_path(cdi_root: Path, driver_name: str, claim_uid: str) -> Path:
+    return cdi_root / spec_file_name(driver_name, claim_uid)
+
+
+def device_name(claim_uid: str, device: str, share_id: str | None = None) -> str:
+    """CDI device name: claim UID first (unique per claim), share ID last when shared."""
+    return f"{claim_uid}-{device}" + (f"-{share_id}" if share_id else "")
+
+
+def qualified_id(driver_name: str, name: str) -> str:
+    return f"{kind(driver_name)}={name}"
+
+
+def env_fragment(device: str) -> str:
+    """``gpu-0`` → ``GPU_0`` for per-device variable names."""
+    return re.sub(r"[^A-Za-z0-9]", "_", device).upper()
+
+
+def _device_env(sd: SpecDevice, claim_uid: str) -> list[str]:
+    d = sd.device
+    frag = env_fragment(d.name)
+    env = [f"TOPODRA_DEVICE_{frag}_KIND={d.kind}", f"TOPODRA_DEVICE_{frag}_CLAIM_UID={claim_uid}"]
+    if d.uuid:
+        env.append(f"TOPODRA_DEVICE_{frag}_UUID={d.uuid}")
+    model = d.attributes.get("model") or d.attributes.get("productName")
+    if model is not None:
+        env.append(f"TOPODRA_DEVICE_{frag}_MODEL={model.value}")
+    if sd.share_id:
+        env.append(f"TOPODRA_DEVICE_{frag}_SHARE_ID={sd.share_id}")
+    env.extend(f"{k}={v}" for k, v in sorted(d.env.items()))
+    return env
+
+
+def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) -> dict[str, Any]:
+    """The CDI spec for one claim (pure). ``cdiVersion`` is the lowest that supports what is used."""
+    if not devices:
+        raise CDISpecInvalid(f"claim {claim_uid}: a CDI spec needs at least one device")
+    names: list[str] = []
+    uuids: list[str] = []
+    cdi_devices: list[dict[str, Any]] = []
+    for sd in devices:
+        d = sd.device
+        if d.name not in names:
+            names.append(d.name)
+            if d.kind == "gpu" and d.uuid:
+                uuids.append(d.uuid)
+        edits: dict[str, Any] = {"env": _device_env(sd, claim_uid)}
+        if d.device_nodes:
+            edits["deviceNodes"] = [{"path": p} for p in d.device_nodes]
+        cdi_devices.append({"name": device_name(claim_uid, d.name, sd.share_id), "containerEdits": edits})
+    spec_env = [f"TOPODRA_VISIBLE_DEVICES={','.join(names)}"]
+    if uuids:
+        spec_env.append(f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}")
+    spec: dict[str, Any] = {
+        "cdiVersion": BASE_VERSION,
+        "kind": kind(driver_name),
+        "devices": cdi_devices,
+        "containerEdits": {"env": spec_env},
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def _all_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    edits = [spec.get("containerEdits") or {}]
+    edits.extend((d.get("containerEdits") or {}) for d in spec.get("devices") or [])
+    return edits
+
+
+def minimum_version(spec: dict[str, Any]) -> str:
+    """Lowest CDI version whose rules allow every feature ``spec`` uses."""
+    need = BASE_VERSION
+    edits = _all_edits(spec)
+    if any(m.get("type") for e in edits for m in e.get("mounts") or []):
+        need = "0.4.0"  # mount type
+    if any(not str(d.get("name", "a"))[:1].isalpha() for d in spec.get("devices") or []) or any(
+            n.get("hostPath") for e in edits for n in e.get("deviceNodes") or []):
+        need = "0.5.0"  # device names starting with a digit; deviceNodes hostPath
+    cls = str(spec.get("kind", "")).partition("/")[2]
+    if spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices") or []) or "." in cls:
+        need = "0.6.0"  # annotations; dots in the class
+    if any(e.get("additionalGids") or e.get("intelRdt") for e in edits):
+        need = "0.7.0"
+    return need
+
+
+def _check_edits(where: str, edits: Any, problems: list[str]) -> bool:
+    """Append problems with one containerEdits block; True when it edits something."""
+    if not isinstance(edits, dict):
+        problems.append(f"{where}: containerEdits must be an object")
+        return False
+    unsupported = set(edits) - _SUPPORTED_EDIT_KEYS
+    if unsupported:
+        problems.append(f"{where}: unsupported containerEdits fields {sorted(unsupported)}")
+    env = edits.get("env") or []
+    if not isinstance(env, list):
+        problems.append(f"{where}: env must be a list")
+        env = []
+    for item in env:
+        key, sep, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if not sep or not _ENV_KEY.match(key) or "\0" in value:
+            problems.append(f"{where}: env entry {item!r} is not KEY=VALUE with a valid KEY")
+    nodes = edits.get("deviceNodes") or []
+    if not isinstance(nodes, list):
+        problems.append(f"{where}: deviceNodes must be a list")
+        nodes = []
+    for node in nodes:
+        if not isinstance(node, dict):
+            problems.append(f"{where}: device node {node!r} must be an object")
+            continue
+        extra = set(node) - _DEVICE_NODE_KEYS
+        if extra:
+            problems.append(f"{where}: device node has unknown fields {sorted(extra)}")
+        for field in ("path", "hostPath"):
+            p = node.get(field)
+            if (field == "path" or p is not None) and not (isinstance(p, str) and p.startswith("/")):
+                problems.append(f"{where}: device node {field} {p!r} must be an absolute path")
+        if node.get("type", "") not in _DEVICE_NODE_TYPES:
+            problems.append(f"{where}: device node type {node.get('type')!r} is not one of b, c, u, p")
+        perms = node.get("permissions", "")
+        if not isinstance(perms, str) or set(perms) - set("rwm"):
+            problems.append(f"{where}: device node permissions {perms!r} may only contain r, w, m")
+    return bool(env or nodes)
+
+
+def validate_spec(spec: dict[str, Any]) -> None:
+    """Raise ``CDISpecInvalid`` listing every way ``spec`` breaks the CDI rules (pure)."""
+    problems: list[str] = []
+    version = spec.get("cdiVersion")
+    if version not in KNOWN_VERSIONS:
+        problems.append(f"cdiVersion {version!r} is not one of {', '.join(KNOWN_VERSIONS)}")
+    else:
+        need = minimum_version(spec)
+        if _version_key(str(version)) < _version_key(need):
+            problems.append(f"cdiVersion {version} is too old for the features used (needs {need})")
+    knd = spec.get("kind")
+    ven, slash, cls = str(knd).partition("/") if isinstance(knd, str) else ("", "", "")
+    if not slash or not _VENDOR_OR_CLASS.match(ven) or not _VENDOR_OR_CLASS.match(cls):
+        problems.append(f"kind {knd!r} is not vendor/class (letters, digits, '_', '-', '.'; "
+                        "starting with a letter, ending with a letter or digit)")
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not devices:
+        problems.append("devices must be a non-empty list")
+        devices = []
+    seen: set[str] = set()
+    for d in devices:
+        name = d.get("name") if isinstance(d, dict) else None
+        if not isinstance(name, str) or not _DEVICE_NAME.match(name):
+            problems.append(f"device name {name!r} is invalid (letters, digits, '_', '-', '.', ':'; "
+                            "starting and ending with a letter or digit)")
+            continue
+        if name in seen:
+            problems.append(f"device name {name!r} appears twice")
+        seen.add(name)
+        if not _check_edits(f"device {name}", d.get("containerEdits"), problems):
+            problems.append(f"device {name}: containerEdits are empty")
+    if "containerEdits" in spec:
+        _check_edits("spec", spec["containerEdits"], problems)
+    extra = set(spec) - {"cdiVersion", "kind", "devices", "containerEdits", "annotations"}
+    if extra:
+        problems.append(f"unknown top-level fields {sorted(extra)}")
+    if problems:
+        raise CDISpecInvalid("invalid CDI spec: " + "; ".join(problems))
+
+
+def spec_device_ids(spec: dict[str, Any]) -> list[str]:
+    """Fully qualified IDs of every device in ``spec``."""
+    return [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
+
+
+# ---- NVIDIA Container Toolkit composition (pure) ----
+
+def nvidia_gpu_ids(specs: Iterable[dict[str, Any]], devices: Iterable[Device]) -> dict[str, str]:
+    """Map our GPU names to the toolkit's ``nvidia.com/gpu=...`` IDs.
+
+    A toolkit device named after the GPU UUID wins; otherwise a whole-GPU
+    device (numeric name, from the index naming strategy) whose device nodes
+    contain the GPU's ``/dev/nvidiaN``.  GPUs with no match get no entry.
+    """
+    by_name: dict[str, set[str]] = {}
+    for spec in specs:
+        if spec.get("kind") != NVIDIA_GPU_KIND:
+            continue
+        for d in spec.get("devices") or []:
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+                continue
+            nodes = ((d.get("containerEdits") or {}).get("deviceNodes")) or []
+            by_name[d["name"]] = {n.get("path", "") for n in nodes if isinstance(n, dict)}
+    out: dict[str, str] = {}
+    for dev in devices:
+        if dev.kind != "gpu":
+            continue
+        if dev.uuid and dev.uuid in by_name:
+            out[dev.name] = f"{NVIDIA_GPU_KIND}={dev.uuid}"
+            continue
+        minors = [p for p in dev.device_nodes if _NVIDIA_MINOR_NODE.match(p)]
+        for name, paths in sorted(by_name.items()):
+            if name.isdigit() and minors and minors[0] in paths:
+                out[dev.name] = f"{NVIDIA_GPU_KIND}={name}"
+                break
+    return out
+
+
+# ---- filesystem edges ----
+
+def write_spec(cdi_root: Path, driver_name: str, claim_uid: str, spec: dict[str, Any]) -> Path:
+    """Validate, then write the claim's spec atomically; returns its path."""
+    validate_spec(spec)
+    path = spec_path(cdi_root, driver_name, claim_uid)
+    cdi_root.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(spec, indent=1).encode() + b"\n", mode=0o644)
+    return path
+
+
+def remove_spec(cdi_root: Path, driver_name: str, claim_uid: str) -> bool:
+    """Delete the claim's spec; False when it was already gone."""
+    return remove_durably(spec_path(cdi_root, driver_name, claim_uid))
+
+
+def spec_exists(cdi_root: Path, driver_name: str, claim_uid: str) -> bool:
+    return spec_path(cdi_root, driver_name, claim_uid).is_file()
+
+
+def claim_spec_uids(cdi_root: Path, driver_name: str) -> set[str]:
+    """Claim UIDs that have a spec file of ours in ``cdi_root``."""
+    prefix = spec_file_prefix(driver_name)
+    try:
+        names = [p.name for p in cdi_root.iterdir()]
+    except FileNotFoundError:
+        return set()
+    return {n[len(prefix):-len(".json")] for n in names if n.startswith(prefix) and n.endswith(".json")}
+
+
+def clean_temps(cdi_root: Path, driver_name: str) -> list[Path]:
+    """Remove temp files of spec writes that crashed (call with the state lock held)."""
+    return remove_stale_temps(cdi_root, spec_file_prefix(driver_name))
+
+
+def load_specs(dirs: Iterable[str | Path], skip_prefix: str = "") -> list[dict[str, Any]]:
+    """Parse every CDI spec (JSON or YAML) in ``dirs``; unreadable ones are logged and skipped."""
+    specs: list[dict[str, Any]] = []
+    for directory in dirs:
+        try:
+            paths = sorted(Path(directory).iterdir())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for path in paths:
+            ours = bool(skip_prefix) and path.name.startswith(skip_prefix)
+            if path.suffix not in (".json", ".yaml", ".yml") or ours:
+                continue
+            try:
+                doc = yaml.safe_load(path.read_text())
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                log.warning("skipping unreadable CDI spec %s: %s", path, e)
+                continue
+            if isinstance(doc, dict):
+                specs.append(doc)
+    return specs

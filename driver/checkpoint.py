@@ -1,0 +1,174 @@
+"""The prepare checkpoint: what this node has prepared, durable across restarts.
+
+The kubelet calls NodeUnprepareResources with only ``{namespace, uid, name}``,
+possibly after the ResourceClaim is deleted and after a plugin restart, so the
+plugin must remember every prepared claim on disk.  The file is versioned,
+checksummed and replaced atomically; it records the boot ID so a reboot (which
+wipes the tmpfs CDI directory) is detected.  A corrupt file is never silently
+discarded: losing it would leak devices and break unprepare.
+
+On-disk shape (``version`` 1)::
+
+    {"version": 1, "checksum": "<sha256 hex of canonical JSON of payload>",
+     "payload": {"boot_id": "...", "claims": {"<uid>": {"uid": ..., "namespace": ...,
+                 "name": ..., "state": "PrepareStarted"|"PrepareCompleted",
+                 "devices": [{"request_names": [...], "pool_name": ..., "device_name": ...,
+                              "cdi_device_ids": [...], "share_id": null,
+                              "access": "exclusive"|"shared"|"admin"}]}}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from topodra.atomicfile import remove_stale_temps, write_atomic
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+FILE_NAME = "checkpoint.json"
+
+PREPARE_STARTED: Final = "PrepareStarted"
+PREPARE_COMPLETED: Final = "PrepareCompleted"
+ClaimStateName = Literal["PrepareStarted", "PrepareCompleted"]
+Access = Literal["exclusive", "shared", "admin"]
+
+
+class CheckpointCorrupt(Exception):
+    """The checkpoint exists but cannot be trusted; the plugin must not start on it."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"checkpoint {path} is unusable: {problem}. The file was left untouched. To start anyway, "
+            "restart the plugin with --quarantine-corrupt-checkpoint (the file is then renamed to "
+            f"{path.name}.corrupt-<timestamp> and the plugin starts empty: claims prepared before are "
+            "forgotten, so drain the node's pods that use DRA devices first), or restore a good copy.")
+
+
+class CheckpointDevice(BaseModel):
+    """One prepared device of a claim, exactly as returned to the kubelet."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+    # How the allocation may overlap with other claims on the same device:
+    # exclusive; shared (shareID / consumable capacity); admin (adminAccess, never conflicts).
+    access: Access = "exclusive"
+
+
+class ClaimEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uid: str = Field(min_length=1)
+    namespace: str
+    name: str
+    state: ClaimStateName
+    devices: list[CheckpointDevice]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+class CheckpointData(BaseModel):
+    """The checksummed payload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    boot_id: str = ""
+    claims: dict[str, ClaimEntry] = Field(default_factory=dict)
+
+    def with_claim(self, entry: ClaimEntry) -> CheckpointData:
+        return self.model_copy(update={"claims": {**self.claims, entry.uid: entry}})
+
+    def without_claims(self, uids: set[str]) -> CheckpointData:
+        return self.model_copy(update={"claims": {u: e for u, e in self.claims.items() if u not in uids}})
+
+
+def canonical_json(payload: Any) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def checksum(payload: Any) -> str:
+    return hashlib.sha256(canonical_json(payload)).hexdigest()
+
+
+def encode(data: CheckpointData) -> bytes:
+    """The file contents for ``data`` (pure)."""
+    payload = data.model_dump(mode="json")
+    doc = {"version": VERSION, "checksum": checksum(payload), "payload": payload}
+    return json.dumps(doc, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def decode(raw: bytes, path: Path) -> CheckpointData:
+    """Parse and verify file contents (pure); raises ``CheckpointCorrupt``."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointCorrupt(path, f"not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise CheckpointCorrupt(path, "top level is not a JSON object")
+    version = doc.get("version")
+    if version != VERSION:
+        raise CheckpointCorrupt(
+            path, f"unknown version {version!r} (this topodra reads version {VERSION}; a newer "
+                  "topodra may have written it, and downgrades are not supported)")
+    payload = doc.get("payload")
+    want = doc.get("checksum")
+    if not isinstance(want, str) or payload is None:
+        raise CheckpointCorrupt(path, "missing checksum or payload")
+    got = checksum(payload)
+    if got != want:
+        raise CheckpointCorrupt(path, f"checksum mismatch (file says {want[:12]}…, content is {got[:12]}…)")
+    try:
+        data = CheckpointData.model_validate(payload)
+    except ValidationError as e:
+        raise CheckpointCorrupt(path, f"payload does not match the version {VERSION} schema: {e}") from None
+    for uid, entry in data.claims.items():
+        if uid != entry.uid:
+            raise CheckpointCorrupt(path, f"claim key {uid!r} differs from its uid {entry.uid!r}")
+    return data
+
+
+def load(path: Path) -> CheckpointData | None:
+    """The checkpoint at ``path``; None when there is none yet."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return decode(raw, path)
+
+
+def save(path: Path, data: CheckpointData) -> None:
+    write_atomic(path, encode(data), mode=0o600)
+
+
+def quarantine(path: Path, now: float | None = None) -> Path:
+    """Move a corrupt checkpoint aside (operator opt-in only) and return where it went."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    os.rename(path, target)
+    log.warning("quarantined corrupt checkpoint %s as %s; starting with an empty checkpoint", path, target)
+    return target
+
+
+def clean_temps(directory: Path) -> list[Path]:
+    """Remove temp files of a checkpoint write that crashed (call with the state lock held)."""
+    return remove_stale_temps(directory, FILE_NAME)

@@ -1,0 +1,127 @@
+"""The prepare checkpoint: versioned, checksummed, atomic, never silently discarded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from topodra import checkpoint
+from topodra.checkpoint import CheckpointCorrupt, CheckpointData, CheckpointDevice, ClaimEntry
+
+
+def _data() -> CheckpointData:
+    dev = CheckpointDevice(request_names=["gpus"], pool_name="node-a", device_name="gpu-0",
+                           cdi_device_ids=["k8s.gpu.topodra.io/claim=u1-gpu-0"], share_id=None)
+    shared = CheckpointDevice(request_names=["share"], pool_name="node-a", device_name="gpu-1",
+                              cdi_device_ids=["k8s.gpu.topodra.io/claim=u2-gpu-1-s1"], share_id="s1",
+                              access="shared")
+    return CheckpointData(boot_id="boot-1", claims={
+        "u1": ClaimEntry(uid="u1", namespace="ns", name="c1", state="PrepareCompleted", devices=[dev]),
+        "u2": ClaimEntry(uid="u2", namespace="ns", name="c2", state="PrepareStarted", devices=[shared]),
+    })
+
+
+def test_roundtrip_and_file_shape(tmp_path: Path) -> None:
+    path = tmp_path / checkpoint.FILE_NAME
+    checkpoint.save(path, _data())
+    assert checkpoint.load(path) == _data()
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 1
+    assert doc["checksum"] == checkpoint.checksum(doc["payload"])
+    assert doc["payload"]["boot_id"] == "boot-1"
+    assert doc["payload"]["claims"]["u2"]["state"] == "PrepareStarted"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.FILE_NAME]  # no temp file left behind
+
+
+def test_missing_file_is_none(tmp_path: Path) -> None:
+    assert checkpoint.load(tmp_path / "nope.json") is None
+
+
+def test_checksum_is_independent_of_formatting() -> None:
+    payload = _data().model_dump(mode="json")
+    reordered = json.loads(json.dumps(payload, sort_keys=False))
+    assert checkpoint.checksum(payload) == checkpoint.checksum(reordered)
+
+
+def _corrupt(path: Path, raw: bytes) -> str:
+    """Write ``raw``, check load refuses it with an actionable message and keeps the file; the message."""
+    path.write_bytes(raw)
+    with pytest.raises(CheckpointCorrupt) as ei:
+        checkpoint.load(path)
+    assert str(path) in str(ei.value)
+    assert "--quarantine-corrupt-checkpoint" in str(ei.value)  # tells the operator what to do
+    assert path.read_bytes() == raw  # kept as it was
+    return ei.value.problem
+
+
+def test_bad_json(tmp_path: Path) -> None:
+    assert "not valid JSON" in _corrupt(tmp_path / "cp.json", b'{"version": 1, "checks')
+
+
+def test_checksum_mismatch(tmp_path: Path) -> None:
+    path = tmp_path / "cp.json"
+    checkpoint.save(path, _data())
+    doc = json.loads(path.read_text())
+    doc["payload"]["claims"]["u1"]["devices"][0]["device_name"] = "gpu-3"  # bit rot / hand edit
+    assert "checksum mismatch" in _corrupt(path, json.dumps(doc).encode())
+
+
+def test_unknown_version(tmp_path: Path) -> None:
+    path = tmp_path / "cp.json"
+    payload = _data().model_dump(mode="json")
+    raw = json.dumps({"version": 2, "checksum": checkpoint.checksum(payload), "payload": payload}).encode()
+    assert "unknown version 2" in _corrupt(path, raw)
+
+
+def test_schema_mismatch_with_valid_checksum(tmp_path: Path) -> None:
+    payload = {"boot_id": "b", "claims": {"u1": {"uid": "u1", "namespace": "n", "name": "c",
+                                                  "state": "Prepared", "devices": []}}}
+    raw = json.dumps({"version": 1, "checksum": checkpoint.checksum(payload), "payload": payload}).encode()
+    assert "schema" in _corrupt(tmp_path / "cp.json", raw)
+
+
+def test_key_uid_mismatch(tmp_path: Path) -> None:
+    payload = _data().model_dump(mode="json")
+    payload["claims"]["other"] = payload["claims"].pop("u1")
+    raw = json.dumps({"version": 1, "checksum": checkpoint.checksum(payload), "payload": payload}).encode()
+    assert "differs from its uid" in _corrupt(tmp_path / "cp.json", raw)
+
+
+def test_not_an_object(tmp_path: Path) -> None:
+    assert "not a JSON object" in _corrupt(tmp_path / "cp.json", b"[1, 2]")
+
+
+def test_quarantine_renames_and_never_overwrites(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(b"garbage-1")
+    first = checkpoint.quarantine(path, now=0)
+    assert first.name == "checkpoint.json.corrupt-19700101T000000Z"
+    assert not path.exists()
+    path.write_bytes(b"garbage-2")
+    second = checkpoint.quarantine(path, now=0)
+    assert second != first
+    assert first.read_bytes() == b"garbage-1" and second.read_bytes() == b"garbage-2"
+
+
+def test_save_replaces_atomically_and_cleans_temps(tmp_path: Path) -> None:
+    path = tmp_path / checkpoint.FILE_NAME
+    checkpoint.save(path, _data())
+    stale = tmp_path / f".{checkpoint.FILE_NAME}.tmp-99999"
+    stale.write_bytes(b"half a write")
+    unrelated = tmp_path / "serialize.lock"
+    unrelated.write_bytes(b"")
+    assert checkpoint.clean_temps(tmp_path) == [stale]
+    assert unrelated.exists()
+    smaller = _data().without_claims({"u2"})
+    checkpoint.save(path, smaller)
+    assert checkpoint.load(path) == smaller
+
+
+def test_data_helpers_are_pure() -> None:
+    d = _data()
+    e = d.claims["u1"].model_copy(update={"uid": "u3"})
+    assert set(d.with_claim(e).claims) == {"u1", "u2", "u3"}
+    assert set(d.without_claims({"u1"}).claims) == {"u2"}
+    assert set(d.claims) == {"u1", "u2"}
