@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf stubs (hack/gen-proto from proto/). Do not edit."""

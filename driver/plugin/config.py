@@ -1,0 +1,173 @@
+"""Configuration of ``topodra kubelet-plugin``: flags, ``TOPODRA_*`` env vars, validation.
+
+A DaemonSet usually sets everything through the environment (node name and pod
+UID from the downward API), so every flag ``--some-flag`` can also be given as
+``TOPODRA_SOME_FLAG``; a flag on the command line wins over the environment.
+``NODE_NAME`` is accepted as a fallback for ``--node-name``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from topodra import DEFAULT_DRIVER_NAME
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+POD_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,62}$")
+KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_HEALTH_PORT = 51515
+DEFAULT_METRICS_PORT = 51516
+
+
+class ConfigError(ValueError):
+    """Invalid plugin configuration; the message names the flag and env var."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    field: str
+    help: str
+    metavar: str = "VALUE"
+
+    @property
+    def option(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "TOPODRA_" + self.field.upper()
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("driver_name", f"DRA driver name (default {DEFAULT_DRIVER_NAME})", "NAME"),
+    Flag("node_name", "name of this node (required; NODE_NAME is also read)", "NAME"),
+    Flag("kubeconfig", "kubeconfig file (default: in-cluster service account)", "PATH"),
+    Flag("hardware", "nvml, mock:<profile>, mock:/path/profile.yaml or replay:/path/capture.yaml (default nvml)",
+         "SPEC"),
+    Flag("hardware_config", "YAML file with hardware overrides (e.g. NIC rails) for discovery", "PATH"),
+    Flag("cdi_root", "directory for CDI spec files (default /var/run/cdi)", "DIR"),
+    Flag("plugin_dir", f"directory of the DRA socket (default {KUBELET_PLUGINS_DIR}/<driver-name>)", "DIR"),
+    Flag("registry_dir", f"kubelet plugin registry directory (default {KUBELET_REGISTRY_DIR})", "DIR"),
+    Flag("pod_uid", "UID of this pod; enables per-pod socket names for rolling updates", "UID"),
+    Flag("health_port", f"127.0.0.1 port of the gRPC health service, 0 = off (default {DEFAULT_HEALTH_PORT})",
+         "PORT"),
+    Flag("metrics_port", f"127.0.0.1 port of /metrics, 0 disables (default {DEFAULT_METRICS_PORT})", "PORT"),
+    Flag("sysfs_root", "directory that contains the sys/ tree discovery reads (default /)", "DIR"),
+)
+
+
+class PluginConfig(BaseModel):
+    """Validated settings of one kubelet-plugin process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    driver_name: str = DEFAULT_DRIVER_NAME
+    node_name: str
+    kubeconfig: Path | None = None
+    hardware: str = "nvml"
+    hardware_config: Path | None = None
+    cdi_root: Path = Path("/var/run/cdi")
+    plugin_dir: Path
+    registry_dir: Path = KUBELET_REGISTRY_DIR
+    pod_uid: str | None = None
+    health_port: int = Field(default=DEFAULT_HEALTH_PORT, ge=0, le=65535)
+    metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
+    sysfs_root: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_plugin_dir(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("plugin_dir") in (None, ""):
+            driver = data.get("driver_name") or DEFAULT_DRIVER_NAME
+            data = {**data, "plugin_dir": KUBELET_PLUGINS_DIR / str(driver)}
+        return data
+
+    @field_validator("driver_name", "node_name")
+    @classmethod
+    def _dns_subdomain(cls, v: str) -> str:
+        if len(v) > 63 or not DNS_SUBDOMAIN.match(v):
+            raise ValueError(f"{v!r} is not a DNS subdomain of at most 63 characters")
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_spec(cls, v: str) -> str:
+        kind, _, arg = v.partition(":")
+        if v != "nvml" and not (kind in ("mock", "replay") and arg):
+            raise ValueError(f"{v!r} is not 'nvml', 'mock:<profile>' or 'replay:<path>'")
+        return v
+
+    @field_validator("cdi_root", "plugin_dir", "registry_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        if not v.is_absolute():
+            raise ValueError(f"{str(v)!r} must be an absolute path (the kubelet needs absolute socket paths)")
+        return v
+
+    @field_validator("pod_uid")
+    @classmethod
+    def _pod_uid(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not POD_UID.match(v):
+            raise ValueError(f"{v!r} is not a pod UID (letters, digits and '-', at most 63)")
+        return v
+
+    def hardware_overrides(self) -> dict[str, Any] | None:
+        """The parsed --hardware-config file, or None; a clear ConfigError when unusable."""
+        if self.hardware_config is None:
+            return None
+        try:
+            data = yaml.safe_load(self.hardware_config.read_text())
+        except OSError as e:
+            raise ConfigError(f"--hardware-config {self.hardware_config}: cannot read: {e.strerror}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--hardware-config {self.hardware_config}: invalid YAML: {e}") from e
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"--hardware-config {self.hardware_config}: expected a mapping, got {type(data).__name__}"
+            )
+        return data
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the plugin flags; defaults stay None so the environment can fill them in."""
+    for flag in FLAGS:
+        parser.add_argument(flag.option, dest=flag.field, metavar=flag.metavar, default=None,
+                            help=f"{flag.help} [env {flag.env}]")
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> PluginConfig:
+    """Merge flags over ``TOPODRA_*`` env vars and validate; ConfigError names the culprit."""
+    values: dict[str, str] = {}
+    for flag in FLAGS:
+        value = getattr(args, flag.field, None)
+        if value is None:
+            value = environ.get(flag.env) or None
+        if value is None and flag.field == "node_name":
+            value = environ.get("NODE_NAME") or None
+        if value is not None:
+            values[flag.field] = value
+    if "node_name" not in values:
+        raise ConfigError("--node-name is required (or set TOPODRA_NODE_NAME or NODE_NAME)")
+    try:
+        return PluginConfig.model_validate(values)
+    except ValidationError as e:
+        by_field = {f.field: f for f in FLAGS}
+        problems = []
+        for err in e.errors():
+            name = str(err["loc"][0]) if err["loc"] else ""
+            known = by_field.get(name)
+            where = f"{known.option} (env {known.env})" if known else (name or "config")
+            problems.append(f"{where}: {err['msg']}")
+        raise ConfigError("invalid kubelet-plugin configuration: " + "; ".join(problems)) from None

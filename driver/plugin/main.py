@@ -1,0 +1,150 @@
+"""``topodra kubelet-plugin``: wire discovery, ResourceSlice publishing, prepare state and the servers.
+
+Start order: discover devices → prepare state → DRA + registration sockets →
+ResourceSlice publisher → probe/metrics endpoints. On SIGTERM/SIGINT everything
+stops in reverse order: sockets are removed so the kubelet deregisters the
+plugin, but ResourceSlices are left alone — a restarting or updated plugin takes
+them over, and the kubelet wipes them itself if no plugin comes back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from contextlib import ExitStack
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from topodra.plugin import config
+from topodra.plugin.config import ConfigError, PluginConfig
+
+if TYPE_CHECKING:
+    from topodra.devices import Device
+    from topodra.kube import Kube
+    from topodra.state import DeviceState
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 10.0  # below the default 30 s terminationGracePeriod
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    config.configure(parser)
+
+
+class Plugin:
+    """A running plugin; ``stop()`` undoes ``start()`` in reverse order."""
+
+    def __init__(self, cfg: PluginConfig) -> None:
+        self.cfg = cfg
+        self._stack = ExitStack()
+        self.server: Any = None
+        self.probe_port: int | None = None
+        self.metrics_port: int | None = None
+
+    def start(self) -> None:
+        cfg = self.cfg
+        overrides = cfg.hardware_overrides()
+        # Imported here so that config errors are reported before the heavy imports.
+        from topodra.hardware import load_backend
+        from topodra.kube import Kube
+        from topodra.plugin import metrics
+        from topodra.plugin.health import DeviceHealthBoard, ProbeServer
+        from topodra.plugin.server import PluginServer
+        from topodra.publisher import SlicePublisher
+
+        with ExitStack() as stack:
+            try:
+                backend = load_backend(cfg.hardware, cfg.node_name,
+                                       sysfs_root=str(cfg.sysfs_root) if cfg.sysfs_root else None,
+                                       overrides=overrides)
+            except (ValueError, OSError) as e:
+                raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
+            devices = backend.discover()
+            log.info("discovered devices node=%s hardware=%s count=%d names=%s", cfg.node_name, cfg.hardware,
+                     len(devices), ",".join(d.name for d in devices))
+
+            kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
+            stack.callback(kube.close)
+            state = build_state(cfg, devices, kube)
+            board = DeviceHealthBoard(pool_name=cfg.node_name)
+            board.set_devices(d.name for d in devices)
+
+            server = PluginServer(driver_name=cfg.driver_name, state=state, board=board,
+                                  plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
+                                  pod_uid=cfg.pod_uid)
+            server.start()
+            stack.callback(server.stop, STOP_GRACE_SECONDS)
+            self.server = server
+
+            publisher = SlicePublisher(kube, cfg.driver_name, cfg.node_name)
+            publisher.set_devices(devices)
+            publisher.start()
+            stack.callback(publisher.stop)
+
+            if cfg.metrics_port:
+                httpd = metrics.serve(cfg.metrics_port)
+                stack.callback(httpd.server_close)
+                stack.callback(httpd.shutdown)
+                self.metrics_port = httpd.server_port
+            if cfg.health_port:
+                probe = ProbeServer(cfg.health_port, server.problem)
+                probe.start()
+                stack.callback(probe.stop)
+                self.probe_port = probe.port
+            self._stack = stack.pop_all()
+        log.info("kubelet plugin running driver=%s node=%s dra_socket=%s registration_socket=%s",
+                 cfg.driver_name, cfg.node_name, server.dra_socket, server.registration_socket)
+
+    def stop(self) -> None:
+        log.info("kubelet plugin stopping driver=%s node=%s (ResourceSlices are kept)",
+                 self.cfg.driver_name, self.cfg.node_name)
+        self._stack.close()
+        log.info("kubelet plugin stopped driver=%s node=%s", self.cfg.driver_name, self.cfg.node_name)
+
+
+def build_state(cfg: PluginConfig, devices: list[Device], kube: Kube) -> DeviceState:
+    """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket."""
+    from topodra.kube import claim_path
+    from topodra.state import DeviceState
+
+    def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
+        return kube.get(claim_path(namespace, name))
+
+    return DeviceState(cfg.driver_name, cfg.node_name, devices, get_claim,
+                       cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config.from_args(args, os.environ)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down node=%s", signal.Signals(signum).name, cfg.node_name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    plugin = Plugin(cfg)
+    try:
+        try:
+            plugin.start()
+        except ConfigError as e:
+            log.error("%s", e)
+            return 2
+        except Exception as e:
+            log.exception("kubelet plugin failed to start driver=%s node=%s: %s",
+                          cfg.driver_name, cfg.node_name, e)
+            return 1
+        stop.wait()
+        plugin.stop()
+        return 0
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,331 @@
+"""The kubelet-facing gRPC servers of the plugin, on unix sockets.
+
+* DRA socket (``<plugin-dir>/dra.sock``): ``DRAPlugin`` v1 and v1beta1 — one
+  implementation parameterised by the API module, v1beta1 just cannot carry
+  ``share_id`` — plus ``DRAResourceHealth`` v1 and v1alpha1.
+* Registration socket (``<registry-dir>/<driver>-reg.sock``): the plugin watcher's
+  ``Registration`` service.
+
+The gRPC layer only translates: claims go to a ``DeviceState``-like object as
+``topodra.state`` dataclasses and its answers come back as protobuf. A gRPC error
+is returned only when the whole call fails; a claim that fails gets its own
+``error`` string, and every requested claim gets an entry, as the kubelet demands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+from topodra.pb.dra.v1 import api_pb2 as dra_v1
+from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from topodra.pb.dra.v1beta1 import api_pb2 as dra_v1beta1
+from topodra.pb.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from topodra.pb.drahealth.v1 import api_pb2 as health_v1
+from topodra.pb.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from topodra.pb.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from topodra.pb.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from topodra.pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from topodra.plugin import metrics
+from topodra.plugin.health import DeviceHealthBoard, DeviceHealthServicer
+from topodra.plugin.registration import (
+    RegistrationServicer,
+    SocketPathError,
+    dra_socket_path,
+    registration_socket_path,
+    supported_services,
+)
+from topodra.state import ClaimRef, PreparedDevice, PrepareResult
+
+log = logging.getLogger(__name__)
+
+DRA_WORKERS = 10
+MAX_HEALTH_STREAMS = 4  # the kubelet keeps one per registration; the rest is slack for re-dials
+
+
+class DeviceStateLike(Protocol):
+    """What the gRPC layer needs from the prepare state (topodra.state.DeviceState)."""
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]: ...
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]: ...
+
+
+class CallFailed(Exception):
+    """The whole gRPC call fails with this status (no per-claim answers)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _claim_label(c: Any) -> str:
+    return f"{c.namespace}/{c.name} uid={c.uid}"
+
+
+def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]:
+    """Protobuf claims → (valid ClaimRefs, uid → error for malformed ones).
+
+    A claim without a UID cannot get a response entry, so it fails the call.
+    Duplicate UIDs are passed on once.
+    """
+    refs: list[ClaimRef] = []
+    bad: dict[str, str] = {}
+    seen: set[str] = set()
+    for c in claims:
+        if not c.uid:
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"claim {c.namespace}/{c.name} has no uid; claims need namespace, uid and name")
+        if c.uid in seen:
+            continue
+        seen.add(c.uid)
+        missing = [f for f in ("namespace", "name") if not getattr(c, f)]
+        if missing:
+            bad[c.uid] = f"claim uid={c.uid} lacks {' and '.join(missing)}"
+        else:
+            refs.append(ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name))
+    return refs, bad
+
+
+def base_request_names(names: Sequence[str]) -> list[str]:
+    """Pod specs can only name main requests, so ``gpu/h100`` is reported as ``gpu``."""
+    out: list[str] = []
+    for n in names:
+        base = n.split("/", 1)[0]
+        if base not in out:
+            out.append(base)
+    return out
+
+
+def device_to_pb(pb: ModuleType, d: PreparedDevice) -> Any:
+    msg = pb.Device(request_names=base_request_names(d.request_names), pool_name=d.pool_name,
+                    device_name=d.device_name, cdi_device_ids=list(d.cdi_device_ids))
+    if d.share_id and "share_id" in pb.Device.DESCRIPTOR.fields_by_name:
+        msg.share_id = d.share_id
+    return msg
+
+
+class DRAPluginServicer:
+    """NodePrepareResources/NodeUnprepareResources for one API version (``pb`` = its api_pb2)."""
+
+    def __init__(self, state: DeviceStateLike, pb: ModuleType, api: str) -> None:
+        self._state = state
+        self._pb = pb
+        self._api = api
+
+    @contextmanager
+    def _observe(self, method: str, context: Any) -> Iterator[None]:
+        """Metrics around one call, and CallFailed/unexpected errors → gRPC status."""
+        metrics.REQUESTS.labels(method, self._api).inc()
+        in_flight = metrics.REQUESTS_IN_FLIGHT.labels(method)
+        in_flight.inc()
+        start = time.perf_counter()
+        try:
+            yield
+        except CallFailed as e:
+            metrics.REQUEST_ERRORS.labels(method, "call").inc()
+            log.error("%s failed api=%s code=%s error=%s", method, self._api, e.code.name, e)
+            context.abort(e.code, str(e))
+        except Exception as e:
+            metrics.REQUEST_ERRORS.labels(method, "call").inc()
+            log.exception("%s failed unexpectedly api=%s", method, self._api)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method}: {type(e).__name__}: {e}")
+        finally:
+            in_flight.dec()
+            metrics.REQUEST_LATENCY.labels(method).observe(time.perf_counter() - start)
+
+    def _claim_failed(self, method: str, what: str, claim: Any, error: str) -> None:
+        metrics.REQUEST_ERRORS.labels(method, "claim").inc()
+        log.error("%s failed for claim=%s api=%s error=%s", what, _claim_label(claim), self._api, error)
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        method = "NodePrepareResources"
+        pb = self._pb
+        response = pb.NodePrepareResourcesResponse()
+        with self._observe(method, context):
+            refs, bad = parse_claims(request.claims)
+            results = self._state.prepare(refs) if refs else {}
+            by_uid = {c.uid: c for c in request.claims}
+            _warn_unknown(method, results, by_uid)
+            for uid, error in bad.items():
+                self._claim_failed(method, "prepare", by_uid[uid], error)
+                response.claims[uid].error = error
+            for ref in refs:
+                result = results.get(ref.uid)
+                entry = response.claims[ref.uid]
+                if result is None:
+                    entry.error = f"driver returned no prepare result for claim {ref.namespace}/{ref.name}"
+                    self._claim_failed(method, "prepare", ref, entry.error)
+                elif result.error:
+                    entry.error = result.error
+                    self._claim_failed(method, "prepare", ref, result.error)
+                else:
+                    entry.devices.extend(device_to_pb(pb, d) for d in result.devices)
+                    log.info("prepared claim=%s api=%s devices=%s", _claim_label(ref), self._api,
+                             ",".join(f"{d.pool_name}/{d.device_name}" for d in result.devices) or "-")
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        method = "NodeUnprepareResources"
+        response = self._pb.NodeUnprepareResourcesResponse()
+        with self._observe(method, context):
+            refs, bad = parse_claims(request.claims)
+            results = self._state.unprepare(refs) if refs else {}
+            by_uid = {c.uid: c for c in request.claims}
+            _warn_unknown(method, results, by_uid)
+            for uid, error in bad.items():
+                self._claim_failed(method, "unprepare", by_uid[uid], error)
+                response.claims[uid].error = error
+            for ref in refs:
+                entry = response.claims[ref.uid]  # an empty entry means "done"
+                if ref.uid not in results:
+                    entry.error = f"driver returned no unprepare result for claim {ref.namespace}/{ref.name}"
+                    self._claim_failed(method, "unprepare", ref, entry.error)
+                elif results[ref.uid]:
+                    entry.error = results[ref.uid]
+                    self._claim_failed(method, "unprepare", ref, entry.error)
+                else:
+                    log.info("unprepared claim=%s api=%s", _claim_label(ref), self._api)
+        return response
+
+
+def _warn_unknown(method: str, results: dict[str, Any], requested: dict[str, Any]) -> None:
+    """The kubelet rejects a whole response with an unknown UID, so such results are dropped."""
+    for uid in results.keys() - requested.keys():
+        log.warning("%s: state answered for claim uid=%s that was not requested; dropped", method, uid)
+
+
+class UnixSocketServer:
+    """One grpc.server on one unix socket that it owns: stale file removed, own file removed at stop."""
+
+    def __init__(self, path: Path, name: str, max_workers: int) -> None:
+        self.path = path
+        self.name = name
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name))
+        self._identity: tuple[int, int, int] | None = None
+
+    def start(self) -> None:
+        """Listen on a hidden temporary name, then rename it into place.
+
+        gRPC core unlinks its socket path at shutdown even when another process has
+        put a new socket there; binding to a private name keeps that unlink away from
+        the public path, which ``stop`` removes only if it is still ours. The rename
+        also makes the socket appear only once it accepts connections. The kubelet's
+        watcher ignores dot-files; the temporary name is never longer than any public
+        one (>= 8 characters), so it fits AF_UNIX whenever the public path does.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_socket(self.path)
+        tmp = self.path.parent / f".{self.name[0]}{os.getpid():x}"
+        remove_stale_socket(tmp)
+        if not self.server.add_insecure_port(f"unix:{tmp}"):
+            raise OSError(f"cannot listen on unix socket {tmp}")
+        self.server.start()
+        try:
+            os.rename(tmp, self.path)
+        except OSError:
+            self.server.stop(0).wait()
+            raise
+        self._identity = _identity(os.stat(self.path))
+        log.info("%s server listening socket=%s", self.name, self.path)
+
+    def owns_socket(self) -> bool:
+        """False when our socket file was deleted or replaced (the kubelet could not reach us)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and _identity(st) == self._identity
+
+    def stop(self, grace: float) -> None:
+        self.server.stop(grace).wait()
+        if self._identity is not None and self.owns_socket():
+            self.path.unlink()
+            log.info("%s socket removed socket=%s", self.name, self.path)
+        self._identity = None
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """Which file this is: inode numbers are reused at once, so the change time is included."""
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Delete a socket left by a previous run; refuse to delete anything that is not a socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketPathError(f"{path} exists and is not a socket; refusing to replace it")
+    path.unlink()
+    log.info("removed stale socket=%s", path)
+
+
+class PluginServer:
+    """Both sockets of one plugin instance, started and stopped in the order the kubelet needs."""
+
+    def __init__(self, *, driver_name: str, state: DeviceStateLike, board: DeviceHealthBoard,
+                 plugin_dir: Path, registry_dir: Path, pod_uid: str | None = None,
+                 serve_health: bool = True) -> None:
+        self.dra_socket = dra_socket_path(plugin_dir, pod_uid)
+        self.registration_socket = registration_socket_path(registry_dir, driver_name, pod_uid)
+        self.board = board
+        self._dra = UnixSocketServer(self.dra_socket, "dra", DRA_WORKERS)
+        services: list[tuple[Callable[[Any, Any], None], object]] = [
+            (dra_v1_grpc.add_DRAPluginServicer_to_server, DRAPluginServicer(state, dra_v1, "v1")),
+            (dra_v1beta1_grpc.add_DRAPluginServicer_to_server,
+             DRAPluginServicer(state, dra_v1beta1, "v1beta1")),
+        ]
+        if serve_health:
+            streams = threading.BoundedSemaphore(MAX_HEALTH_STREAMS)
+            services += [
+                (health_v1_grpc.add_DRAResourceHealthServicer_to_server,
+                 DeviceHealthServicer(board, health_v1, "v1", streams)),
+                (health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server,
+                 DeviceHealthServicer(board, health_v1alpha1, "v1alpha1", streams)),
+            ]
+        for add, servicer in services:
+            add(servicer, self._dra.server)
+        self.registration = RegistrationServicer(driver_name, self.dra_socket,
+                                                 supported_services(serve_health))
+        self._reg = UnixSocketServer(self.registration_socket, "registration", 2)
+        add_registration: Callable[[Any, Any], None] = reg_grpc.add_RegistrationServicer_to_server
+        add_registration(self.registration, self._reg.server)
+        self._running = False
+
+    def start(self) -> None:
+        """DRA socket first: the kubelet dials it as soon as it sees the registration socket."""
+        self._dra.start()
+        try:
+            self._reg.start()
+        except Exception:
+            self._dra.stop(0)
+            raise
+        self._running = True
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Registration socket first (the kubelet deregisters us), then drain the DRA socket."""
+        self._running = False
+        self._reg.stop(0)
+        self.board.close()
+        self._dra.stop(grace)
+
+    def problem(self) -> str | None:
+        """None while healthy; else why the kubelet could not use this plugin."""
+        if not self._running:
+            return "servers are not running"
+        for srv in (self._dra, self._reg):
+            if not srv.owns_socket():
+                return f"{srv.name} socket {srv.path} was removed or replaced"
+        return None
