@@ -1,0 +1,109 @@
+"""Serializable NVML answers and sysfs trees: the data behind mock hardware and replays.
+
+A ``NvmlFacts`` holds, per GPU, what each NVML query answers — a value or an
+NVML error name (``{"error": "NotSupported"}``).  ``FakeNvml`` (mock.py) serves
+these answers through a ``pynvml``-shaped object; a replay fixture is exactly a
+``NvmlFacts`` plus a ``SysfsTree`` captured from (or written to look like) a
+real machine.  Field names follow the NVML call they answer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class NvmlErr(BaseModel):
+    """An NVML error answer, named as in pynvml's class ``NVMLError_<error>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    error: str
+
+
+class PciFacts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    busId: str  # NVML format, e.g. "00000000:1B:00.0"
+    pciDeviceId: int = 0
+    pciSubSystemId: int = 0
+
+
+class LinkFacts(BaseModel):
+    """One NVLink: nvmlDeviceGetNvLinkState / RemotePciInfo / RemoteDeviceType / Version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    state: int | NvmlErr = 1
+    remoteBusId: str | NvmlErr = NvmlErr(error="NotSupported")
+    remoteType: int | NvmlErr = NvmlErr(error="NotSupported")
+    version: int | NvmlErr = NvmlErr(error="NotSupported")
+
+
+class FabricFacts(BaseModel):
+    """nvmlDeviceGetGpuFabricInfo(V) result; ``api`` = newest struct version the driver accepts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    clusterUuid: str = "00000000-0000-0000-0000-000000000000"
+    cliqueId: int = 0
+    state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = 0  # NVML_SUCCESS
+    healthMask: int = 0
+    api: int = Field(default=3, ge=1, le=3)
+
+
+class GpuFacts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    uuid: str | NvmlErr
+    name: str | NvmlErr
+    memoryTotal: int | NvmlErr  # bytes
+    pci: PciFacts | NvmlErr
+    minor: int | NvmlErr
+    brand: int | NvmlErr = NvmlErr(error="NotSupported")
+    architecture: int | NvmlErr = NvmlErr(error="NotSupported")
+    computeCapability: tuple[int, int] | NvmlErr = NvmlErr(error="NotSupported")
+    migMode: tuple[int, int] | NvmlErr = NvmlErr(error="NotSupported")
+    numaNodeId: int | NvmlErr = NvmlErr(error="NotSupported")
+    nvlinks: list[LinkFacts] | NvmlErr = NvmlErr(error="NotSupported")
+    fabric: FabricFacts | NvmlErr = NvmlErr(error="NotSupported")
+
+
+class NvmlFacts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    init: NvmlErr | None = None  # set: nvmlInit fails with this error
+    driverVersion: str | NvmlErr
+    cudaDriverVersion: int | NvmlErr
+    gpus: list[GpuFacts]
+
+
+class SysfsTree(BaseModel):
+    """Files and symlinks below a sysfs root; link targets are root-relative paths (made relative on disk)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    files: dict[str, str] = Field(default_factory=dict)
+    links: dict[str, str] = Field(default_factory=dict)
+    dirs: list[str] = Field(default_factory=list)
+
+    @field_validator("files", "links")
+    @classmethod
+    def _relative(cls, v: dict[str, str]) -> dict[str, str]:
+        for p in v:
+            if p.startswith("/") or ".." in p.split("/"):
+                raise ValueError(f"sysfs tree path {p!r} must be relative and stay below the root")
+        return v
+
+    def materialize(self, root: str) -> None:
+        """Write the tree below ``root`` (created if needed; existing ``root/sys`` is replaced)."""
+        sys_dir = os.path.join(root, "sys")
+        if os.path.lexists(sys_dir):
+            shutil.rmtree(sys_dir)
+        for d in self.dirs:
+            os.makedirs(os.path.join(root, d), exist_ok=True)
+        for rel, content in self.files.items():
+            p = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "w", encoding="utf-8") as f:
+                f.write(content if content.endswith("\n") else content + "\n")
+        for rel, target in self.links.items():
+            p = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            os.symlink(os.path.relpath(os.path.join(root, target), os.path.dirname(p)), p)

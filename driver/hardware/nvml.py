@@ -1,0 +1,317 @@
+"""The real discovery backend: NVML (nvidia-ml-py) for GPU facts, sysfs for locality and NICs.
+
+Mock hardware and replayed captures inject a fake ``pynvml`` module object and a
+fake sysfs root into this same class, so tests exercise this code, not a copy.
+
+Error policy: mandatory facts (GPU count, handle, UUID, name, memory, PCI info)
+raise ``DiscoveryError``; every other call is optional — NotSupported and
+FunctionNotFound (older driver) mean "absent", anything else means "absent"
+plus a warning naming the GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import re
+import uuid as uuidlib
+from dataclasses import dataclass
+from typing import Any
+
+from topodra.devices import Device
+from topodra.hardware.attributes import GpuInfo, GpuTopology, SystemInfo, gpu_device, nic_device
+from topodra.hardware.base import DiscoveryConfig, DiscoveryError
+from topodra.hardware.nvlink import LinkPeer, fabric_domain_id, local_domain_id, local_groups
+from topodra.hardware.pairing import assign_rails, pair_gpus, select_compute_nics
+from topodra.hardware.sysfs import BDF, Sysfs
+
+log = logging.getLogger(__name__)
+
+_NVML_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+class _Absent(Exception):
+    """An optional NVML fact is not available."""
+
+
+def normalize_bus_id(bus_id: str | bytes) -> str:
+    """NVML busId ("00000000:1B:00.0") -> Kubernetes pciBusID ("0000:1b:00.0"); ValueError if malformed."""
+    text = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+    m = _NVML_BUS_ID.match(text.strip())
+    if not m:
+        raise ValueError(f"malformed PCI bus id {text!r}")
+    domain = int(m.group(1), 16)
+    if domain > 0xFFFF:
+        raise ValueError(f"PCI domain of {text!r} does not fit the 4-digit Kubernetes format")
+    out = f"{domain:04x}:{m.group(2)}:{m.group(3)}.{m.group(4)}".lower()
+    assert BDF.match(out)
+    return out
+
+
+@dataclass(frozen=True)
+class _Fabric:
+    cluster_uuid: str
+    clique_id: int
+
+
+class NvmlBackend:
+    """Discover GPUs via a ``pynvml``-compatible module and NICs/locality via sysfs."""
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        nvml: Any | None = None,
+        sysfs_root: str = "/",
+        config: DiscoveryConfig | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self.nvml: Any = nvml if nvml is not None else importlib.import_module("pynvml")
+        self.sysfs = Sysfs(sysfs_root)
+        self.config = config or DiscoveryConfig()
+
+    # -- NVML call wrappers -------------------------------------------------------------------------
+
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        fn = getattr(self.nvml, fn_name, None)
+        if fn is None:  # the installed binding predates the function
+            raise _Absent(f"{fn_name} not in this pynvml binding")
+        return fn(*args)
+
+    def _is(self, err: BaseException, *names: str) -> bool:
+        classes = (getattr(self.nvml, "NVMLError_" + n, None) for n in names)
+        return any(isinstance(err, c) for c in classes if c is not None)
+
+    def _must(self, what: str, fn_name: str, *args: Any) -> Any:
+        try:
+            return self._call(fn_name, *args)
+        except (self.nvml.NVMLError, _Absent) as e:
+            raise DiscoveryError(f"node {self.node_name}: cannot read {what} ({fn_name}): {e}") from e
+
+    def _opt(self, what: str, gpu: str, fn_name: str, *args: Any) -> Any:
+        """Result of an optional call, or None (debug log if unsupported, warning otherwise)."""
+        try:
+            return self._call(fn_name, *args)
+        except _Absent as e:
+            log.debug("node %s %s: %s absent: %s", self.node_name, gpu, what, e)
+        except self.nvml.NVMLError as e:
+            if self._is(e, "NotSupported", "FunctionNotFound"):
+                log.debug("node %s %s: %s not supported: %s", self.node_name, gpu, what, e)
+            else:
+                log.warning("node %s %s: %s unavailable (omitted): %s", self.node_name, gpu, what, e)
+        return None
+
+    # -- NVML reading ---------------------------------------------------------------------------
+
+    def _mig_capable(self, h: Any, label: str) -> bool | None:
+        try:
+            self._call("nvmlDeviceGetMigMode", h)
+            return True
+        except _Absent:
+            return None
+        except self.nvml.NVMLError as e:
+            if self._is(e, "NotSupported"):
+                return False
+            if not self._is(e, "FunctionNotFound"):
+                log.warning("node %s %s: MIG mode unavailable: %s", self.node_name, label, e)
+            return None
+
+    def _links(self, h: Any, label: str) -> tuple[list[tuple[str, int | None]], int | None]:
+        """Active links as (remote BDF, remote device type or None) and the NVLink version."""
+        peers: list[tuple[str, int | None]] = []
+        version: int | None = None
+        enabled = int(getattr(self.nvml, "NVML_FEATURE_ENABLED", 1))
+        for link in range(int(getattr(self.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = self._call("nvmlDeviceGetNvLinkState", h, link)
+            except _Absent:
+                break
+            except self.nvml.NVMLError as e:
+                if self._is(e, "InvalidArgument"):
+                    break  # past the GPU's last link
+                if self._is(e, "NotSupported", "FunctionNotFound"):
+                    if link == 0:
+                        return [], None  # no NVLink on this GPU
+                    continue
+                log.warning("node %s %s: NVLink %d state unreadable: %s", self.node_name, label, link, e)
+                continue
+            if state != enabled:
+                continue
+            pci = self._opt(f"NVLink {link} remote PCI info", label, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            if pci is None:
+                continue
+            try:
+                remote = normalize_bus_id(pci.busId)
+            except ValueError as e:
+                log.warning("node %s %s: NVLink %d: %s", self.node_name, label, link, e)
+                continue
+            rtype = self._opt(f"NVLink {link} remote type", label, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+            peers.append((remote, None if rtype is None else int(rtype)))
+            if version is None:
+                v = self._opt(f"NVLink {link} version", label, "nvmlDeviceGetNvLinkVersion", h, link)
+                version = None if v is None else int(v)
+        return peers, version
+
+    def _fabric(self, h: Any, label: str) -> _Fabric | None:
+        """Multi-node NVLink membership (clusterUUID, cliqueID), None for single-node or no fabric."""
+        n = self.nvml
+        info: Any = None
+        for struct_name, fn_name in (
+            ("c_nvmlGpuFabricInfo_v3_t", "nvmlDeviceGetGpuFabricInfoV"),
+            ("c_nvmlGpuFabricInfo_v2_t", "nvmlDeviceGetGpuFabricInfoV"),
+            ("c_nvmlGpuFabricInfo_t", "nvmlDeviceGetGpuFabricInfo"),
+        ):
+            cls = getattr(n, struct_name, None)
+            if cls is None:
+                continue
+            candidate = cls()
+            try:
+                self._call(fn_name, h, ctypes.byref(candidate))
+            except _Absent:
+                continue
+            except n.NVMLError as e:
+                if self._is(e, "ArgumentVersionMismatch", "FunctionNotFound"):
+                    continue  # older driver: try the previous struct / function
+                if not self._is(e, "NotSupported"):
+                    log.warning("node %s %s: fabric info unavailable: %s", self.node_name, label, e)
+                return None
+            info = candidate
+            break
+        if info is None:
+            return None
+        state = int(info.state)
+        if state == int(getattr(n, "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0)):
+            return None
+        if state != int(getattr(n, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)):
+            log.warning("node %s %s: NVLink fabric registration not completed (state %d); "
+                        "multi-node domain not published yet", self.node_name, label, state)  # fmt: skip
+            return None
+        if int(info.status) != int(getattr(n, "NVML_SUCCESS", 0)):
+            log.warning("node %s %s: NVLink fabric registration failed (status %d)", self.node_name, label,
+                        int(info.status))  # fmt: skip
+            return None
+        raw = bytes(info.clusterUuid)
+        if not any(raw):
+            return None  # NVLink-capable but not multi-node (HGX with Fabric Manager)
+        return _Fabric(str(uuidlib.UUID(bytes=raw)), int(info.cliqueId))
+
+    def _read_nvml(
+        self,
+    ) -> tuple[SystemInfo, list[GpuInfo], dict[str, list[tuple[str, int | None]]], dict[str, _Fabric]]:
+        n = self.nvml
+        try:
+            n.nvmlInit()
+        except n.NVMLError as e:
+            raise DiscoveryError(f"node {self.node_name}: NVML initialisation failed: {e}") from e
+        try:
+            drv = self._opt("driver version", "system", "nvmlSystemGetDriverVersion")
+            sysinfo = SystemInfo(
+                driver_version=None if drv is None else str(drv), cuda_driver_version=self._cuda_version()
+            )
+            count = int(self._must("GPU count", "nvmlDeviceGetCount"))
+            gpus: list[GpuInfo] = []
+            links: dict[str, list[tuple[str, int | None]]] = {}
+            fabrics: dict[str, _Fabric] = {}
+            for idx in range(count):
+                label = f"GPU {idx}"
+                h = self._must(f"handle of {label}", "nvmlDeviceGetHandleByIndex", idx)
+                pci = self._must(f"PCI info of {label}", "nvmlDeviceGetPciInfo", h)
+                try:
+                    bdf = normalize_bus_id(pci.busId)
+                except ValueError as e:
+                    raise DiscoveryError(f"node {self.node_name}: {label}: {e}") from e
+                label = f"GPU {idx} ({bdf})"
+                cc = self._opt("compute capability", label, "nvmlDeviceGetCudaComputeCapability", h)
+                minor = self._opt("minor number", label, "nvmlDeviceGetMinorNumber", h)
+                brand = self._opt("brand", label, "nvmlDeviceGetBrand", h)
+                arch = self._opt("architecture", label, "nvmlDeviceGetArchitecture", h)
+                memory = self._must(f"memory of {label}", "nvmlDeviceGetMemoryInfo", h)
+                peers, version = self._links(h, label)
+                gpus.append(
+                    GpuInfo(
+                        index=idx,
+                        uuid=str(self._must(f"UUID of {label}", "nvmlDeviceGetUUID", h)),
+                        product_name=str(self._must(f"name of {label}", "nvmlDeviceGetName", h)),
+                        memory_bytes=int(memory.total),
+                        bdf=bdf,
+                        minor=None if minor is None else int(minor),
+                        brand=None if brand is None else int(brand),
+                        architecture=None if arch is None else int(arch),
+                        compute_capability=None if cc is None else (int(cc[0]), int(cc[1])),
+                        mig_capable=self._mig_capable(h, label),
+                        nvlink_version=version,
+                        nvlink_active_links=len(peers),
+                    )
+                )
+                links[bdf] = peers
+                fab = self._fabric(h, label)
+                if fab is not None:
+                    fabrics[bdf] = fab
+            return sysinfo, gpus, links, fabrics
+        finally:
+            try:
+                n.nvmlShutdown()
+            except n.NVMLError as e:
+                log.warning("node %s: nvmlShutdown failed: %s", self.node_name, e)
+
+    def _cuda_version(self) -> int | None:
+        for fn_name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            v = self._opt("CUDA driver version", "system", fn_name)
+            if v is not None:
+                return int(v)
+        return None
+
+    # -- assembly -------------------------------------------------------------------------------
+
+    def discover(self) -> list[Device]:
+        """Read NVML and sysfs now and return gpu-* (by minor) then nic-* (rail order)."""
+        system, gpus, links, fabrics = self._read_nvml()
+        gpu_bdfs = {g.bdf for g in gpus}
+        switch_type = int(getattr(self.nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
+        # Without a remote type, a peer that is not one of our GPUs is taken to be a switch.
+        peers = {
+            bdf: [LinkPeer(r, switch=(t == switch_type) if t is not None else r not in gpu_bdfs) for r, t in lst]
+            for bdf, lst in links.items()
+        }
+        groups = local_groups(peers)
+        if len({(f.cluster_uuid, f.clique_id) for f in fabrics.values()}) > 1:
+            ids = sorted({fabric_domain_id(f.cluster_uuid, f.clique_id) for f in fabrics.values()})
+            log.warning("node %s: GPUs report different NVLink cliques: %s", self.node_name, ids)
+
+        locations = []
+        for g in gpus:
+            loc = self.sysfs.pci_location(g.bdf)
+            if loc is None:
+                log.warning("node %s GPU %d (%s): not found in sysfs; PCIe/NUMA attributes omitted",
+                            self.node_name, g.index, g.bdf)  # fmt: skip
+            locations.append(loc)
+        compute = select_compute_nics(self.sysfs.rdma_nics(), self.config)
+        rails = assign_rails(compute, self.config.rails)
+        pairs = pair_gpus(locations, compute)
+
+        devices: list[Device] = []
+        for g, loc, pair in zip(gpus, locations, pairs, strict=True):
+            domain: str | None = None
+            size: int | None = None
+            if g.bdf in fabrics:
+                f = fabrics[g.bdf]
+                domain, size = fabric_domain_id(f.cluster_uuid, f.clique_id), self.config.nvlink_domain_size
+            elif g.bdf in groups:
+                domain, size = local_domain_id(self.node_name, groups[g.bdf]), len(groups[g.bdf])
+            topo = GpuTopology(
+                location=loc,
+                nvlink_domain=domain,
+                nvlink_domain_size=size,
+                nic=pair,
+                rail=rails[pair.nic] if pair is not None else None,
+            )
+            devices.append(gpu_device(g, system, topo))
+        devices.sort(key=lambda d: int(d.name.split("-")[1]))
+        names = [d.name for d in devices]
+        if len(set(names)) != len(names):
+            raise DiscoveryError(f"node {self.node_name}: duplicate GPU minor numbers: {names}")
+        devices.extend(nic_device(idx, nic, rails[nic.name]) for idx, nic in enumerate(compute))
+        for d in devices:
+            log.debug("node %s: discovered %s %s", self.node_name, d.name, d.uuid)
+        return devices
