@@ -71,6 +71,11 @@ class SlicePublisher:
             self._synced.clear()
         self._wake.set()
 
+    @property
+    def devices(self) -> list[Device]:
+        with self._lock:
+            return list(self._devices or [])
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=f"publisher-{self.node_name}", daemon=True)

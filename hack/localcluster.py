@@ -557,42 +557,24 @@ state = "{self.containerd_state}"
 
     # ----- fake nodes
 
-    def create_fake_nodes(self, names: list[str], labels: dict[str, str] | None = None,
-                          cpu: str = "128", memory: str = "2Ti", pods: str = "250") -> None:
+    def create_fake_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> None:
+        """Kubelet-less Ready nodes, built by the same code as ``topodra simulate`` uses."""
+        try:
+            from topodra.simulate import fake_node, fake_node_status
+        except ImportError as e:
+            raise ClusterError(f"fake nodes need the topodra package installed (make venv): {e}") from None
         for name in names:
-            node = {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {
-                    "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                    "topodra.io/fake-node": "true", **(labels or {})}},
-                "spec": {},
-            }
             try:
-                self.api("POST", "/api/v1/nodes", node)
+                self.api("POST", "/api/v1/nodes", fake_node(name, labels))
             except urllib.error.HTTPError as e:
                 if e.code != 409:
                     raise
-            self.mark_ready(name, cpu, memory, pods)
+            data = json.dumps(fake_node_status(name)).encode()
+            req = urllib.request.Request(f"https://127.0.0.1:6443/api/v1/nodes/{name}/status", data=data,
+                                         method="PATCH", headers={"Content-Type": "application/merge-patch+json"})
+            with urllib.request.urlopen(req, context=self._ssl(), timeout=10):
+                pass
         log(f"fake nodes Ready: {', '.join(names)}")
-
-    def mark_ready(self, name: str, cpu: str, memory: str, pods: str) -> None:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        cap = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "10Ti"}
-        status = {"status": {
-            "capacity": cap, "allocatable": cap,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "kubelet-less fake node (topodra harness)",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "addresses": [{"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": K8S_VERSION, "operatingSystem": "linux", "architecture": "amd64",
-                         "containerRuntimeVersion": "fake://0", "kernelVersion": "", "osImage": "",
-                         "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}}
-        data = json.dumps(status).encode()
-        req = urllib.request.Request(f"https://127.0.0.1:6443/api/v1/nodes/{name}/status", data=data,
-                                     method="PATCH",
-                                     headers={"Content-Type": "application/merge-patch+json"})
-        with urllib.request.urlopen(req, context=self._ssl(), timeout=10):
-            pass
 
     # ----- down
 

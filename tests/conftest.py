@@ -9,6 +9,7 @@ node) so the whole run shares one cluster.  Component logs are copied to
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -92,6 +93,13 @@ class _Manager:
         self.lc: localcluster.Cluster | None = None
         self.with_node = False
         self.owned = False
+        self._lock_fd: int | None = None
+
+    def _lock(self) -> None:
+        """The cluster uses fixed loopback ports: concurrent test sessions on one machine take turns."""
+        if self._lock_fd is None:
+            self._lock_fd = os.open("/tmp/topodra-test-cluster.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
 
     def get(self, node: bool) -> ClusterHandle:
         if self.lc is None or (node and not self.with_node):
@@ -100,9 +108,10 @@ class _Manager:
         return ClusterHandle(self.lc, self.with_node)
 
     def _start(self, node: bool) -> None:
+        self._lock()
         state = os.environ.get("TOPODRA_TEST_CLUSTER_DIR") or tempfile.mkdtemp(prefix="topodra-test-cluster-")
         if self.lc is not None:
-            self.stop()
+            self._stop_cluster()
         lc = localcluster.Cluster(state_dir=Path(state))
         if not os.environ.get("TOPODRA_TEST_CLUSTER_DIR"):
             # A fresh temp dir: let the harness own it (it refuses non-empty foreign dirs).
@@ -110,11 +119,17 @@ class _Manager:
         lc.up(node=node, build=True)
         self.lc, self.with_node, self.owned = lc, node, True
 
-    def stop(self) -> None:
+    def _stop_cluster(self) -> None:
         if self.lc is not None and self.owned:
             os.environ["TOPODRA_LOG_ARCHIVE"] = str(LOG_ARCHIVE)
             self.lc.down(quiet=True, keep_logs=True)
         self.lc = None
+
+    def stop(self) -> None:
+        self._stop_cluster()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 _MANAGER = _Manager()

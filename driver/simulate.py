@@ -1,0 +1,226 @@
+"""``topodra simulate CLUSTER.yaml``: a whole GPU cluster's ResourceSlices from one process.
+
+Scheduling on 50 nodes / 400 GPUs must be testable without 50 kubelets.  For
+each node described in the cluster file this creates (or reuses) a kubelet-less
+Ready Node object, runs the *real* discovery code against the node's mock
+hardware profile, and keeps its ResourceSlices published with the same
+publisher the kubelet plugin uses.  Nothing is prepared on these nodes: pods
+bound to them stay Pending in the kubelet sense, but the scheduler's
+allocation decisions are real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from topodra import DEFAULT_DRIVER_NAME
+from topodra.devices import Device
+from topodra.kube import Kube, KubeError, slices_path
+from topodra.publisher import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+FAKE_NODE_LABEL = "topodra.io/fake-node"
+RACK_NAMESPACE = uuid.UUID("0b7c2f4e-5a61-4d2e-9f3b-1c8d7e6a5b40")
+
+
+class NodeGroup(BaseModel):
+    """``count`` nodes named ``<namePrefix><i>`` with one hardware profile."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name_prefix: str = Field(alias="namePrefix", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?-?$")
+    count: int = Field(ge=1, le=1000)
+    profile: str = Field(description="mock profile name or path, as for --hardware mock:<profile>")
+    labels: dict[str, str] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=dict, description="discovery overrides (rails, ...)")
+    nodes_per_rack: int | None = Field(
+        default=None, alias="nodesPerRack", ge=1,
+        description="multi-node NVLink: consecutive nodes form a rack sharing one fabric clusterUUID")
+    start_index: int = Field(default=0, alias="startIndex", ge=0)
+
+
+class SimulatedCluster(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    api_version: str = Field(default="topodra.io/v1alpha1", alias="apiVersion")
+    kind: str = "SimulatedCluster"
+    driver_name: str = Field(default=DEFAULT_DRIVER_NAME, alias="driverName")
+    groups: list[NodeGroup] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SimulatedCluster:
+        if self.kind != "SimulatedCluster":
+            raise ValueError(f"kind must be SimulatedCluster, got {self.kind!r}")
+        names = [n for n, _ in self.expand()]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node names occur more than once: {dupes[:5]}")
+        return self
+
+    def expand(self) -> list[tuple[str, NodeGroup]]:
+        return [(f"{g.name_prefix}{g.start_index + k}", g) for g in self.groups for k in range(g.count)]
+
+
+class SimNode(BaseModel):
+    name: str
+    profile: str
+    labels: dict[str, str]
+    overrides: dict[str, Any]
+
+
+def load_cluster(path: str | Path) -> SimulatedCluster:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read cluster file {path}: {e}") from None
+    try:
+        return SimulatedCluster.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(f"invalid cluster file {path}:\n{e}") from None
+
+
+def plan(cluster: SimulatedCluster) -> list[SimNode]:
+    """Pure: every node with its profile, labels and overrides (racks get a shared fabric UUID)."""
+    out = []
+    for g in cluster.groups:
+        for k in range(g.count):
+            name = f"{g.name_prefix}{g.start_index + k}"
+            ov = dict(g.overrides)
+            labels = {"topodra.io/profile": g.profile.rsplit("/", 1)[-1].removesuffix(".yaml"), **g.labels}
+            if g.nodes_per_rack:
+                rack = f"{g.name_prefix}rack{k // g.nodes_per_rack}"
+                ov.setdefault("clusterUUID", str(uuid.uuid5(RACK_NAMESPACE, rack)))
+                labels["topodra.io/nvlink-rack"] = rack
+            out.append(SimNode(name=name, profile=g.profile, labels=labels, overrides=ov))
+    return out
+
+
+def discover(node: SimNode) -> list[Device]:
+    from topodra.hardware import load_backend
+
+    return load_backend(f"mock:{node.profile}", node.name, overrides=node.overrides).discover()
+
+
+def fake_node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A kubelet-less Node as a real one looks to the scheduler (labels, capacity)."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                FAKE_NODE_LABEL: "true", **(labels or {})}},
+            "spec": {}}
+
+
+def fake_node_status(name: str, cpu: str = "128", memory: str = "2Ti", pods: str = "250") -> dict[str, Any]:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cap = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "10Ti"}
+    return {"status": {
+        "capacity": cap, "allocatable": cap,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "kubelet-less simulated node (topodra)",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "addresses": [{"type": "Hostname", "address": name}],
+        "nodeInfo": {"kubeletVersion": "v1.37.2", "operatingSystem": "linux", "architecture": "amd64",
+                     "containerRuntimeVersion": "simulated://0", "kernelVersion": "", "osImage": "",
+                     "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}}
+
+
+def ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
+    """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready."""
+    existing = kube.get(f"/api/v1/nodes/{name}")
+    if existing is None:
+        kube.create("/api/v1/nodes", fake_node(name, labels))
+    elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
+        kube.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": labels}})
+    if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
+        kube.merge_patch(f"/api/v1/nodes/{name}/status", fake_node_status(name))
+
+
+class Simulation:
+    """Publishes and reconciles the slices of every simulated node."""
+
+    def __init__(self, kube: Kube, cluster: SimulatedCluster) -> None:
+        self.kube = kube
+        self.cluster = cluster
+        self.nodes = plan(cluster)
+        self.publishers: dict[str, SlicePublisher] = {}
+
+    def setup(self) -> None:
+        t0 = time.monotonic()
+        for n in self.nodes:
+            ensure_node(self.kube, n.name, n.labels)
+            pub = SlicePublisher(self.kube, self.cluster.driver_name, n.name, min_write_interval=0)
+            pub.set_devices(discover(n))
+            self.publishers[n.name] = pub
+        log.info("simulating %d nodes (discovery + node objects in %.1fs)", len(self.nodes), time.monotonic() - t0)
+
+    def reconcile_all(self) -> int:
+        """One pass over every node; returns how many pools were written."""
+        written = 0
+        for name, pub in self.publishers.items():
+            try:
+                written += pub.reconcile_once()
+            except KubeError as e:
+                log.warning("node %s: publishing failed: %s", name, e)
+        return written
+
+    def run(self, stop: threading.Event, resync: float) -> None:
+        while not stop.is_set():
+            n = self.reconcile_all()
+            if n:
+                log.info("reconciled: %d pool(s) written", n)
+            stop.wait(resync)
+
+    def delete(self) -> None:
+        """Remove the simulated nodes' slices and the Node objects this tool created."""
+        for n in self.nodes:
+            for sl in self.kube.list(slices_path(), field_selector=
+                                     f"spec.driver={self.cluster.driver_name},spec.nodeName={n.name}"):
+                self.kube.delete(slices_path(sl["metadata"]["name"]))
+            node = self.kube.get(f"/api/v1/nodes/{n.name}")
+            if node and FAKE_NODE_LABEL in node["metadata"].get("labels", {}):
+                self.kube.delete(f"/api/v1/nodes/{n.name}")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("cluster_file", help="SimulatedCluster YAML (see hack/clusters/)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    p.add_argument("--once", action="store_true", help="publish everything once and exit (slices stay)")
+    p.add_argument("--delete", action="store_true", help="delete the simulated nodes and their slices")
+    p.add_argument("--resync", type=float, default=10.0, help="seconds between reconcile passes")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cluster = load_cluster(args.cluster_file)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    kube = Kube.from_kubeconfig(args.kubeconfig)
+    sim = Simulation(kube, cluster)
+    if args.delete:
+        sim.delete()
+        log.info("deleted %d simulated nodes and their slices", len(sim.nodes))
+        return 0
+    sim.setup()
+    t0 = time.monotonic()
+    sim.reconcile_all()
+    gpus = sum(1 for p in sim.publishers.values() for d in p.devices if d.kind == "gpu")
+    log.info("published %d nodes, %d GPUs in %.1fs", len(sim.nodes), gpus, time.monotonic() - t0)
+    if args.once:
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    sim.run(stop, args.resync)
+    return 0
