@@ -1,0 +1,190 @@
+"""How much of each ClaimProfile alternative is available right now (pure).
+
+Input is what the API server holds: ResourceSlices of our driver, allocated
+ResourceClaims and DeviceClasses.  A class is evaluated through its
+``topodra.io/match`` annotation (see ``match.py``); a class without one is a
+foreign class whose CEL we do not interpret, so its alternative is reported
+with ``known: false`` and no counts rather than with a guess.
+
+* ``devicesTotal``: published devices the class selects (newest pool generation).
+* ``devicesFree``: of those, not in any claim's allocation and without a
+  NoSchedule/NoExecute taint.
+* ``nodesFit``: nodes where ``count`` free devices satisfy the Required
+  placement (same NVLink domain / NUMA node; RailAligned: one free NIC on each
+  GPU's rail).  Preferred placement never reduces it (there is a fallback).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from topodra import DEFAULT_DRIVER_NAME
+from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch, attribute
+from topodra.controller.profile import Alternative, ClaimProfile
+from topodra.controller.render import attribute_for
+
+Obj = dict[str, Any]
+BLOCKING_TAINTS = {"NoSchedule", "NoExecute"}
+
+
+@dataclass(frozen=True)
+class PublishedDevice:
+    node: str
+    pool: str
+    name: str
+    raw: Obj
+
+
+@dataclass(frozen=True)
+class AlternativeStatus:
+    name: str
+    device_class_name: str
+    count: int
+    known: bool
+    devices_total: int | None = None
+    devices_free: int | None = None
+    nodes_fit: int | None = None
+    message: str = ""
+
+    def to_api(self) -> Obj:
+        out: Obj = {"name": self.name, "deviceClassName": self.device_class_name, "count": self.count,
+                    "known": self.known}
+        if self.known:
+            out.update(devicesTotal=self.devices_total, devicesFree=self.devices_free,
+                       nodesFit=self.nodes_fit)
+        return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster facts one availability pass reads; shared by all profiles of one refresh."""
+
+    devices: tuple[PublishedDevice, ...]
+    allocated: frozenset[tuple[str, str]]  # (pool, device)
+    classes: dict[str, Obj]
+
+
+def published_devices(slices: Iterable[Obj], driver: str) -> list[PublishedDevice]:
+    """Devices of ``driver`` from the newest generation of each pool."""
+    newest: dict[str, int] = {}
+    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
+    for s in mine:
+        pool = s["spec"].get("pool") or {}
+        name = str(pool.get("name", ""))
+        newest[name] = max(newest.get(name, -1), int(pool.get("generation", 0)))
+    out: list[PublishedDevice] = []
+    for s in mine:
+        spec = s["spec"]
+        pool = spec.get("pool") or {}
+        name = str(pool.get("name", ""))
+        if int(pool.get("generation", 0)) != newest[name]:
+            continue
+        node = spec.get("nodeName") or name
+        for dev in spec.get("devices") or []:
+            out.append(PublishedDevice(node=str(node), pool=name, name=str(dev.get("name", "")), raw=dev))
+    return out
+
+
+def allocated_devices(claims: Iterable[Obj], driver: str) -> frozenset[tuple[str, str]]:
+    """(pool, device) pairs held by allocated claims of ``driver``."""
+    held: set[tuple[str, str]] = set()
+    for c in claims:
+        allocation = (c.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        for r in results:
+            if r.get("driver") == driver:
+                held.add((str(r.get("pool", "")), str(r.get("device", ""))))
+    return frozenset(held)
+
+
+def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterable[Obj],
+                  driver: str = DEFAULT_DRIVER_NAME) -> Snapshot:
+    return Snapshot(
+        devices=tuple(published_devices(slices, driver)),
+        allocated=allocated_devices(claims, driver),
+        classes={(c.get("metadata") or {}).get("name", ""): c for c in classes},
+    )
+
+
+def _blocked(dev: Obj) -> bool:
+    return any(t.get("effect") in BLOCKING_TAINTS for t in dev.get("taints") or [])
+
+
+def class_match(device_class: Obj | None) -> tuple[DeviceMatch | None, str]:
+    """The class's predicate, or None and why it cannot be evaluated."""
+    if device_class is None:
+        return None, "DeviceClass not found"
+    text = ((device_class.get("metadata") or {}).get("annotations") or {}).get(MATCH_ANNOTATION)
+    if not text:
+        return None, f"DeviceClass has no {MATCH_ANNOTATION} annotation (not a topodra class)"
+    try:
+        return DeviceMatch.from_annotation(text), ""
+    except (ValueError, ValidationError) as e:
+        return None, f"DeviceClass annotation {MATCH_ANNOTATION} is invalid: {e}"
+
+
+def _pairs_by_rail(gpus: list[PublishedDevice], nics: list[PublishedDevice], driver: str) -> int:
+    """How many GPU+NIC pairs sharing a rail can be formed (exact: per-rail minimum)."""
+    rail_attr = f"{driver}/rail"
+    g = Counter(attribute(d.raw, rail_attr, driver) for d in gpus)
+    n = Counter(attribute(d.raw, rail_attr, driver) for d in nics)
+    return sum(min(cnt, n[r]) for r, cnt in g.items() if r is not None)
+
+
+def node_fits(gpus: list[PublishedDevice], nics: list[PublishedDevice], count: int, profile: ClaimProfile,
+              driver: str) -> bool:
+    """Whether ``count`` of these free GPUs (one node) satisfy the Required placement."""
+    topo = profile.spec.topology
+    attrs = [attribute_for(d, driver) for d in ("nvlink", "numa") if getattr(topo, d) == "Required"]
+    rail = topo.nic == "RailAligned"
+    if rail and count > 1:
+        attrs.append(f"{driver}/model")
+    groups: dict[tuple[Any, ...], list[PublishedDevice]] = defaultdict(list)
+    for d in gpus:
+        key = tuple(attribute(d.raw, a, driver) for a in attrs)
+        if None in key:
+            continue  # a device lacking the attribute cannot satisfy matchAttribute
+        groups[key].append(d)
+    for members in groups.values():
+        have = _pairs_by_rail(members, nics, driver) if rail else len(members)
+        if have >= count:
+            return True
+    return False
+
+
+def alternative_status(alt: Alternative, profile: ClaimProfile, snap: Snapshot, driver: str,
+                       nic_match: DeviceMatch | None) -> AlternativeStatus:
+    match, why = class_match(snap.classes.get(alt.device_class_name))
+    name, cls, count = alt.effective_name, alt.device_class_name, alt.count
+    if match is None:
+        return AlternativeStatus(name, cls, count, known=False, message=why)
+    if profile.spec.topology.nic == "RailAligned" and nic_match is None:
+        return AlternativeStatus(name, cls, count, known=False, message="the NIC class cannot be evaluated")
+    chosen = [d for d in snap.devices if match.matches(d.raw, driver)]
+    free = [d for d in chosen if (d.pool, d.name) not in snap.allocated and not _blocked(d.raw)]
+    free_by_node: dict[str, list[PublishedDevice]] = defaultdict(list)
+    for d in free:
+        free_by_node[d.node].append(d)
+    nics_by_node: dict[str, list[PublishedDevice]] = defaultdict(list)
+    if nic_match is not None:
+        for d in snap.devices:
+            if nic_match.matches(d.raw, driver) and (d.pool, d.name) not in snap.allocated \
+                    and not _blocked(d.raw):
+                nics_by_node[d.node].append(d)
+    fit = sum(1 for node, gpus in free_by_node.items()
+              if node_fits(gpus, nics_by_node.get(node, []), alt.count, profile, driver))
+    return AlternativeStatus(name, cls, count, known=True, devices_total=len(chosen), devices_free=len(free),
+                             nodes_fit=fit)
+
+
+def profile_availability(profile: ClaimProfile, snap: Snapshot, *, driver: str = DEFAULT_DRIVER_NAME,
+                         nic_class: str = "nic.topodra.io") -> list[AlternativeStatus]:
+    """One status entry per alternative, in the profile's order."""
+    nic_match = None
+    if profile.spec.topology.nic == "RailAligned":
+        nic_match, _ = class_match(snap.classes.get(nic_class))
+    return [alternative_status(a, profile, snap, driver, nic_match) for a in profile.spec.alternatives]

@@ -1,0 +1,123 @@
+"""``topodra controller``: run the ClaimProfile operator (kopf, in-process).
+
+Connects only where ``--kubeconfig`` points (loopback in our clusters).  With
+leader election on (the default), a replica first waits for the Lease, then
+runs kopf standalone (no peering CRDs); losing the Lease stops it with exit
+code 1 so its supervisor restarts it as a standby.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+
+from topodra import DEFAULT_DRIVER_NAME
+from topodra.controller.leader import LeaseElector
+from topodra.controller.operator import (
+    ControllerConfig,
+    RefreshLoop,
+    SnapshotCache,
+    build_registry,
+    kopf_settings,
+    refresh_all,
+)
+from topodra.controller.render import DEFAULT_NIC_CLASS
+from topodra.kube import Kube, KubeError
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig to use (default: $KUBECONFIG, else in-cluster)")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", action="append", default=[],
+                       help="watch ClaimProfiles in this namespace (repeatable)")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default)")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    parser.add_argument("--nic-class", default=DEFAULT_NIC_CLASS, help="DeviceClass for RailAligned NICs")
+    parser.add_argument("--refresh-interval", type=float, default=30.0,
+                        help="seconds between availability/status refreshes of every profile")
+    parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                        help="hold a coordination.k8s.io Lease so only one replica is active")
+    parser.add_argument("--lease-namespace", default="default")
+    parser.add_argument("--lease-name", default="topodra-controller")
+    parser.add_argument("--identity", default=None, help="leader-election identity (default host_pid_rand)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    if args.refresh_interval < 1:
+        log.error("--refresh-interval must be at least 1 second")
+        return 2
+    cfg = ControllerConfig(driver=args.driver_name, nic_class=args.nic_class,
+                           namespaces=tuple(args.namespace), refresh_interval_s=args.refresh_interval,
+                           snapshot_ttl_s=min(10.0, args.refresh_interval))
+    try:
+        kube = Kube.from_kubeconfig(args.kubeconfig)
+    except Exception as e:  # kubeconfig missing/invalid: say so, start nothing
+        log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "$KUBECONFIG/in-cluster", e)
+        return 2
+    stop = threading.Event()  # stops our threads (refresh, lease renewal)
+    lost = threading.Event()
+    # kopf's stop flag must be an asyncio primitive: a threading.Event would park a thread of the
+    # default executor in wait(), and asyncio.run() would then hang at exit after SIGTERM.
+    stop_kopf: list[Callable[[], None]] = []
+
+    def on_lost() -> None:
+        lost.set()
+        stop.set()
+        for fn in stop_kopf:
+            fn()
+
+    elector: LeaseElector | None = None
+    if args.leader_elect:
+        identity = args.identity or f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        elector = LeaseElector(kube, args.lease_namespace, args.lease_name, identity)
+        try:
+            if not elector.wait_until_leader(stop):
+                return 0
+        except KeyboardInterrupt:
+            return 0
+        threading.Thread(target=elector.keep_renewing, args=(stop, on_lost), name="lease-renew",
+                         daemon=True).start()
+    cache = SnapshotCache(cfg)
+    loop = RefreshLoop(kube, cfg, cache, stop=stop)
+    try:
+        refresh_all(kube, cfg, cache)  # converge at once after a restart or takeover
+    except KubeError as e:
+        log.warning("initial refresh failed: %s", e)
+    loop.start()
+    registry = build_registry(kube, args.kubeconfig, cfg, cache)
+    log.info("controller running (driver %s, namespaces %s)", cfg.driver,
+             ", ".join(cfg.namespaces) if cfg.namespaces else "all")
+
+    async def serve() -> None:
+        flag = asyncio.Event()
+        running = asyncio.get_running_loop()
+        def stop_from_thread() -> None:
+            running.call_soon_threadsafe(flag.set)
+
+        stop_kopf.append(stop_from_thread)
+        if lost.is_set():
+            flag.set()
+        await kopf.operator(registry=registry, settings=kopf_settings(), standalone=True,
+                            clusterwide=not cfg.namespaces, namespaces=list(cfg.namespaces), stop_flag=flag)
+
+    try:
+        asyncio.run(serve())
+    except asyncio.CancelledError:
+        pass
+    finally:
+        stop.set()
+        loop.join()
+        if elector is not None and not lost.is_set():
+            elector.release()
+        kube.close()
+    return 1 if lost.is_set() else 0

@@ -1,0 +1,381 @@
+"""ClaimProfile reconciliation: kopf handlers plus a periodic availability refresh.
+
+The work is done by plain synchronous functions on a ``Kube`` client
+(``reconcile``, ``process``, ``refresh_all``), so it can be tested against a
+fake API and reused by the refresh loop; the kopf handlers are thin wrappers
+that kopf runs in its thread pool, with its watch, retries and backoff.
+
+Idempotent by construction: the template's name is the profile's and it
+carries a hash of its spec, so a restart or a second pass finds the template
+current and writes nothing.  ResourceClaimTemplates are immutable, so a changed
+hash means delete + create; claims already made from the old template keep
+working.  Deletion relies on the owner reference (garbage collection) and
+also deletes explicitly when the controller sees it, without a finalizer, so
+profiles are never stuck when the controller is down.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from topodra import DEFAULT_DRIVER_NAME
+from topodra.controller.availability import AlternativeStatus, Snapshot, make_snapshot, profile_availability
+from topodra.controller.profile import GROUP, PLURAL, VERSION, ClaimProfile, ProfileError
+from topodra.controller.render import (
+    DEFAULT_NIC_CLASS,
+    HASH_ANNOTATION,
+    MANAGED_BY,
+    PROFILE_LABEL,
+    device_class_names,
+    render_template,
+)
+from topodra.kube import RESOURCE_V1, Kube, KubeError, load_configuration
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+INVALID_REASONS = {"InvalidSpec", "UnknownDeviceClass", "TemplateConflict"}
+# The kopf handlers and the refresh loop may reach one profile at once; passes are short, so serialize them.
+_PROCESS_LOCK = threading.Lock()
+
+
+def template_path(namespace: str, name: str | None = None) -> str:
+    base = f"{RESOURCE_V1}/namespaces/{quote(namespace)}/resourceclaimtemplates"
+    return f"{base}/{quote(name)}" if name else base
+
+
+def profile_path(namespace: str | None = None, name: str | None = None) -> str:
+    if namespace is None:
+        return f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
+    return f"{base}/{quote(name)}" if name else base
+
+
+def device_class_path(name: str | None = None) -> str:
+    return f"{RESOURCE_V1}/deviceclasses" + (f"/{quote(name)}" if name else "")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    driver: str = DEFAULT_DRIVER_NAME
+    nic_class: str = DEFAULT_NIC_CLASS
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    refresh_interval_s: float = 30.0
+    snapshot_ttl_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one reconcile pass, turned into conditions and events."""
+
+    ok: bool
+    reason: str
+    message: str
+    template_name: str | None = None
+    template_hash: str | None = None
+    action: str = "unchanged"  # created | replaced | unchanged | none
+
+
+class SnapshotCache:
+    """Cluster facts for availability, re-read at most once per ``ttl`` (rate limit)."""
+
+    def __init__(self, cfg: ControllerConfig, clock: Any = time.monotonic) -> None:
+        self._cfg = cfg
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at = -1e18
+        self._value: Snapshot | str = "not read yet"
+
+    def get(self, kube: Kube) -> Snapshot | str:
+        """A snapshot, or why it could not be read (e.g. RBAC forbids listing claims)."""
+        with self._lock:
+            if self._clock() - self._at < self._cfg.snapshot_ttl_s:
+                return self._value
+            try:
+                slices = list(kube.list(f"{RESOURCE_V1}/resourceslices",
+                                        field_selector=f"spec.driver={self._cfg.driver}"))
+                claims = list(kube.list(f"{RESOURCE_V1}/resourceclaims"))
+                classes = list(kube.list(device_class_path()))
+                self._value = make_snapshot(slices, claims, classes, self._cfg.driver)
+            except KubeError as e:
+                self._value = f"cannot read cluster state: {e}"
+                log.warning("availability: %s", self._value)
+            self._at = self._clock()
+            return self._value
+
+
+def _owned_by_profile(tmpl: Obj, profile: ClaimProfile) -> bool:
+    meta = tmpl.get("metadata") or {}
+    if any(ref.get("uid") == profile.metadata.uid and ref.get("kind") == "ClaimProfile"
+           for ref in meta.get("ownerReferences") or []):
+        return True
+    labels = meta.get("labels") or {}
+    # A previous incarnation of a profile with this name (deleted and re-created before GC ran).
+    return labels.get(MANAGED_BY[0]) == MANAGED_BY[1] and labels.get(PROFILE_LABEL) == profile.metadata.name
+
+
+def reconcile(kube: Kube, body: Obj, cfg: ControllerConfig) -> Outcome:
+    """Validate the profile and make its template current.  Raises KubeError on API failures."""
+    meta = body.get("metadata") or {}
+    who = f"{meta.get('namespace')}/{meta.get('name')}"
+    try:
+        profile = ClaimProfile.from_api(body)
+        tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class)
+    except ProfileError as e:
+        return Outcome(False, "InvalidSpec", str(e))
+    wanted = device_class_names(profile, cfg.nic_class)
+    missing = [c for c in wanted if kube.get(device_class_path(c)) is None]
+    if missing:
+        return Outcome(False, "UnknownDeviceClass",
+                       f"DeviceClass {', '.join(missing)} does not exist; install it (see deviceclasses/) "
+                       "or fix spec.alternatives[].deviceClassName")
+    ns, name = profile.metadata.namespace, profile.metadata.name
+    new_hash = tmpl["metadata"]["annotations"][HASH_ANNOTATION]
+    existing = kube.get(template_path(ns, name))
+    action = "created"
+    if existing is not None:
+        if not _owned_by_profile(existing, profile):
+            return Outcome(False, "TemplateConflict",
+                           f"ResourceClaimTemplate {ns}/{name} exists and is not managed by this profile; "
+                           "rename the profile or delete that template")
+        if ((existing.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION) == new_hash:
+            return Outcome(True, "TemplateReady", f"ResourceClaimTemplate {name} is current", name, new_hash)
+        uid = existing["metadata"].get("uid")
+        kube.request("DELETE", template_path(ns, name), {"preconditions": {"uid": uid}} if uid else None)
+        log.info("profile %s: deleted outdated ResourceClaimTemplate (hash %s -> %s)", who,
+                 existing["metadata"].get("annotations", {}).get(HASH_ANNOTATION), new_hash)
+        action = "replaced"
+    kube.create(template_path(ns), tmpl)
+    log.info("profile %s: %s ResourceClaimTemplate %s (hash %s)", who, action, name, new_hash)
+    return Outcome(True, "TemplateReady", f"ResourceClaimTemplate {name} {action}", name, new_hash, action)
+
+
+def _condition(existing: list[Obj], ctype: str, status: str, reason: str, message: str, generation: int,
+               now: str) -> Obj:
+    old = next((c for c in existing if c.get("type") == ctype), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    return {"type": ctype, "status": status, "reason": reason, "message": message[:1024],
+            "observedGeneration": generation, "lastTransitionTime": since or now}
+
+
+def build_status(existing: Obj | None, outcome: Outcome, generation: int,
+                 alternatives: list[AlternativeStatus] | None, availability_note: str, now: datetime) -> Obj:
+    """The full ``status`` for a profile (pure).  Transition times survive unchanged conditions."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    conds = list((existing or {}).get("conditions") or [])
+    invalid = outcome.reason in INVALID_REASONS
+    status: Obj = {
+        "observedGeneration": generation,
+        "conditions": [
+            _condition(conds, "Ready", "True" if outcome.ok else "False", outcome.reason, outcome.message,
+                       generation, stamp),
+            _condition(conds, "Invalid", "True" if invalid else "False",
+                       outcome.reason if invalid else "Valid", outcome.message if invalid else "",
+                       generation, stamp),
+        ],
+        "lastRefresh": stamp,
+        "message": availability_note,
+        "templateName": outcome.template_name,
+        "templateHash": outcome.template_hash,
+    }
+    if alternatives is not None:
+        status["alternatives"] = [a.to_api() for a in alternatives]
+    return status
+
+
+def availability_note(alternatives: list[AlternativeStatus] | None, snapshot_error: str) -> str:
+    if alternatives is None:
+        return snapshot_error
+    unknown = [f"{a.name}: {a.message}" for a in alternatives if not a.known]
+    fitting = [a.name for a in alternatives if a.known and (a.nodes_fit or 0) > 0]
+    note = f"fits now: {', '.join(fitting) if fitting else 'none'}"
+    return note + (f"; unknown: {'; '.join(unknown)}" if unknown else "")
+
+
+def post_event(kube: Kube, body: Obj, etype: str, reason: str, message: str) -> None:
+    """A core/v1 Event on the profile; failures are logged, never fatal."""
+    meta = body.get("metadata") or {}
+    ns = meta.get("namespace", "default")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', 'claimprofile')}.", "namespace": ns},
+        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClaimProfile",
+                           "name": meta.get("name"), "namespace": ns, "uid": meta.get("uid")},
+        "type": etype, "reason": reason, "message": message[:1024],
+        "source": {"component": "topodra-controller"},
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+    try:
+        kube.create(f"/api/v1/namespaces/{quote(ns)}/events", event)
+    except KubeError as e:
+        log.warning("profile %s/%s: could not post event %s: %s", ns, meta.get("name"), reason, e)
+
+
+def process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) -> Outcome:
+    """Reconcile one profile, compute availability, write status, post an Event on a change."""
+    with _PROCESS_LOCK:
+        return _process(kube, body, cfg, cache)
+
+
+def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) -> Outcome:
+    meta = body.get("metadata") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    outcome = reconcile(kube, body, cfg)
+    alternatives: list[AlternativeStatus] | None = None
+    note = ""
+    snap = cache.get(kube)
+    if isinstance(snap, str):
+        note = snap
+    elif outcome.reason != "InvalidSpec":
+        alternatives = profile_availability(ClaimProfile.from_api(body), snap, driver=cfg.driver,
+                                            nic_class=cfg.nic_class)
+    note = availability_note(alternatives, note)
+    old_status = body.get("status") or {}
+    status = build_status(old_status, outcome, int(meta.get("generation") or 0), alternatives, note,
+                          datetime.now(UTC))
+    kube.merge_patch(profile_path(ns, name) + "/status", {"status": status})
+    old_ready: Obj = next((c for c in old_status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    if not outcome.ok and old_ready.get("reason") != outcome.reason:
+        log.warning("profile %s/%s: %s: %s", ns, name, outcome.reason, outcome.message)
+        post_event(kube, body, "Warning", outcome.reason, outcome.message)
+    elif outcome.action in ("created", "replaced"):
+        post_event(kube, body, "Normal", "Template" + outcome.action.capitalize(), outcome.message)
+    return outcome
+
+
+def delete_template(kube: Kube, body: Obj) -> None:
+    """Delete the profile's template if this profile owns it (GC would do it too)."""
+    meta = body.get("metadata") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    tmpl = kube.get(template_path(ns, name))
+    if tmpl is None:
+        return
+    refs = (tmpl.get("metadata") or {}).get("ownerReferences") or []
+    if any(r.get("uid") == meta.get("uid") for r in refs):
+        kube.delete(template_path(ns, name))
+        log.info("profile %s/%s deleted: deleted its ResourceClaimTemplate", ns, name)
+
+
+def list_profiles(kube: Kube, namespaces: Iterable[str]) -> list[Obj]:
+    nss = list(namespaces)
+    if not nss:
+        return list(kube.list(profile_path()))
+    return [p for ns in nss for p in kube.list(profile_path(ns))]
+
+
+def refresh_all(kube: Kube, cfg: ControllerConfig, cache: SnapshotCache) -> int:
+    """One pass over every watched profile; returns how many failed (each is logged)."""
+    failed = 0
+    try:
+        profiles = list_profiles(kube, cfg.namespaces)
+    except KubeError as e:
+        log.warning("refresh: cannot list ClaimProfiles: %s", e)
+        return 1
+    for body in profiles:
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        try:
+            process(kube, body, cfg, cache)
+        except KubeError as e:
+            failed += 1
+            log.warning("refresh: profile %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
+    return failed
+
+
+@dataclass
+class RefreshLoop:
+    """Background thread: re-check every profile each ``refresh_interval_s`` (drift, new classes, status)."""
+
+    kube: Kube
+    cfg: ControllerConfig
+    cache: SnapshotCache
+    stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="profile-refresh", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(max(self.cfg.refresh_interval_s, 1.0)):
+            refresh_all(self.kube, self.cfg, self.cache)
+
+    def join(self, timeout: float = 5.0) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def _plain(body: Any) -> Obj:
+    """kopf's Body as a plain, independent dict."""
+    return copy.deepcopy(dict(body))
+
+
+def connection_info(kubeconfig: str | None) -> Any:
+    """kopf credentials from the same kubeconfig our ``Kube`` client uses (no other discovery)."""
+    import kopf
+
+    c = load_configuration(kubeconfig)
+    header = c.get_api_key_with_prefix("BearerToken") or c.get_api_key_with_prefix("authorization") or ""
+    scheme, _sep, token = header.rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=c.host, ca_path=c.ssl_ca_cert, insecure=not c.verify_ssl,
+        username=c.username or None, password=c.password or None, scheme=scheme or None,
+        token=token or None, certificate_path=c.cert_file, private_key_path=c.key_file,
+    )
+
+
+def build_registry(kube: Kube, kubeconfig: str | None, cfg: ControllerConfig, cache: SnapshotCache) -> Any:
+    """A kopf registry with our login and ClaimProfile handlers (no global state)."""
+    import kopf
+
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_kw: Any) -> Any:
+        return connection_info(kubeconfig)
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    def on_change(body: Any, **_: Any) -> None:
+        obj = _plain(body)
+        try:
+            process(kube, obj, cfg, cache)
+        except KubeError as e:
+            meta = obj.get("metadata") or {}
+            delay = 30 if e.status in (401, 403) else 5
+            raise kopf.TemporaryError(
+                f"profile {meta.get('namespace')}/{meta.get('name')}: {e}", delay=delay) from None
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True)
+    def on_delete(body: Any, **_: Any) -> None:
+        try:
+            delete_template(kube, _plain(body))
+        except KubeError as e:
+            raise kopf.TemporaryError(str(e), delay=5) from None
+
+    return registry
+
+
+def kopf_settings() -> Any:
+    """Progress and diff-base in annotations: the structural schema would prune ``status.kopf``."""
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.topodra.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.topodra.io", key="last-handled-configuration")
+    settings.posting.enabled = False  # we post our own Events, with profile context
+    settings.execution.max_workers = 4
+    return settings

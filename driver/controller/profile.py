@@ -1,0 +1,142 @@
+"""The ClaimProfile API (``topodra.io/v1alpha1``) as pydantic models.
+
+A ClaimProfile names prioritized hardware alternatives plus topology wishes;
+the controller renders it into a ResourceClaimTemplate of the same name.  The
+CRD's OpenAPI schema and CEL rules reject most bad input at the API server;
+these models repeat the checks (the controller must not trust that the CRD in
+the cluster is current) and add the cross-field ones the schema cannot express.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+GROUP = "topodra.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ClaimProfile"
+PLURAL = "claimprofiles"
+
+MAX_ALTERNATIVES = 8
+MAX_COUNT = 32  # AllocationResultsMaxSize: a claim holds at most 32 devices
+ALT_NAME_MAX = 40  # leaves room for the "-nvlink-numa" suffix inside a 63-char DNS label
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+Placement = Literal["Required", "Preferred", "None"]
+
+
+class ProfileError(ValueError):
+    """The profile cannot be turned into a template; the message is shown to the user."""
+
+
+class Alternative(BaseModel):
+    """One acceptable way to satisfy the claim: ``count`` devices of ``deviceClassName``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str | None = Field(default=None, max_length=ALT_NAME_MAX)
+    device_class_name: str = Field(alias="deviceClassName", min_length=1, max_length=253)
+    count: int = Field(default=1, ge=1, le=MAX_COUNT)
+
+    @model_validator(mode="after")
+    def _names(self) -> Alternative:
+        if self.name is not None and not DNS_LABEL.match(self.name):
+            raise ValueError(f"name {self.name!r} must be a DNS label (lowercase letters, digits, '-')")
+        if not DNS_SUBDOMAIN.match(self.device_class_name):
+            raise ValueError(f"deviceClassName {self.device_class_name!r} is not a valid DeviceClass name")
+        return self
+
+    @property
+    def effective_name(self) -> str:
+        """The explicit name, else one derived from the class (``gpu-h200`` -> ``h200``)."""
+        if self.name:
+            return self.name
+        base = self.device_class_name
+        base = base.removeprefix("gpu-")
+        slug = re.sub(r"[^a-z0-9]+", "-", base).strip("-")
+        return slug[:ALT_NAME_MAX].rstrip("-") or "gpu"
+
+
+class Topology(BaseModel):
+    """Placement wishes applied to whichever alternative is chosen."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nvlink: Placement = "None"
+    numa: Placement = "None"
+    nic: Literal["RailAligned", "None"] = "None"
+    order: Literal["AlternativesFirst", "TopologyFirst"] = "AlternativesFirst"
+
+
+class ClaimProfileSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alternatives: tuple[Alternative, ...] = Field(min_length=1, max_length=MAX_ALTERNATIVES)
+    topology: Topology = Topology()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ClaimProfileSpec:
+        names = [a.effective_name for a in self.alternatives]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"alternative names must be unique, {dupes} repeat "
+                             "(set spec.alternatives[].name explicitly)")
+        if self.topology.nic == "RailAligned":
+            counts = {a.count for a in self.alternatives}
+            if len(counts) > 1:
+                raise ValueError("topology.nic RailAligned needs the same count in every alternative "
+                                 f"(got {sorted(counts)}): each GPU gets its own request paired with a NIC")
+            if self.alternatives[0].count > MAX_COUNT // 2:
+                raise ValueError(f"topology.nic RailAligned allows at most {MAX_COUNT // 2} GPUs "
+                                 "(one GPU request plus one NIC request per GPU, 32 requests per claim)")
+            if "Preferred" in (self.topology.nvlink, self.topology.numa):
+                raise ValueError("topology.nic RailAligned cannot be combined with a Preferred nvlink/numa "
+                                 "placement; use Required or None")
+        return self
+
+
+class ProfileRef(BaseModel):
+    """The identity fields the controller needs from the object's metadata."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 0
+
+
+class ClaimProfile(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    metadata: ProfileRef
+    spec: ClaimProfileSpec
+
+    @classmethod
+    def from_api(cls, obj: dict[str, Any]) -> ClaimProfile:
+        """Parse an API object; raise ``ProfileError`` with one line per problem."""
+        meta = obj.get("metadata") or {}
+        try:
+            return cls(
+                metadata=ProfileRef(name=meta.get("name", ""), namespace=meta.get("namespace", ""),
+                                    uid=meta.get("uid", ""), generation=meta.get("generation") or 0),
+                spec=ClaimProfileSpec.model_validate(obj.get("spec") or {}),
+            )
+        except ValidationError as e:
+            raise ProfileError(format_errors(e)) from None
+
+
+def format_errors(e: ValidationError) -> str:
+    """``spec.alternatives[0].count: Input should be ...`` style, one per line."""
+    lines = []
+    for err in e.errors():
+        path = "spec"
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)

@@ -1,0 +1,222 @@
+"""The topodra DeviceClass catalog and ``topodra deviceclasses generate``.
+
+Every class is built from a ``DeviceMatch`` so that its CEL selector and its
+``topodra.io/match`` annotation (read by the ClaimProfile controller to count
+devices) can never disagree.  The files under ``deviceclasses/`` are the output
+of ``topodra deviceclasses generate --all --write-dir deviceclasses``; a test
+keeps them in sync with this catalog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from topodra import DEFAULT_DRIVER_NAME
+from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch
+
+log = logging.getLogger(__name__)
+
+KIND_LABEL = "topodra.io/class-kind"
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """One catalog entry: the class name, what it is for, and its predicate."""
+
+    name: str
+    kind: str  # generic | model | memory | architecture | nic
+    description: str
+    match: DeviceMatch
+
+
+# Model families: class name -> the normalized `model` attribute values it covers
+# (as topodra.hardware.attributes.normalize_model writes them: stem + form factor + marketing size).
+MODEL_FAMILIES: dict[str, tuple[str, ...]] = {
+    "gpu-h200": ("H200-SXM5-141GB", "H200-NVL-141GB"),
+    "gpu-h100": ("H100-SXM5-80GB", "H100-NVL-94GB", "H100-PCIE-80GB"),
+    "gpu-a100-80gb": ("A100-SXM4-80GB", "A100-PCIE-80GB"),
+    "gpu-a100-40gb": ("A100-SXM4-40GB", "A100-PCIE-40GB"),
+    "gpu-b200": ("B200-SXM6-180GB", "B200-SXM6-192GB"),
+    "gpu-gb200": ("GB200",),
+    "gpu-l40s": ("L40S",),
+    "gpu-l4": ("L4",),
+}
+
+# Memory tiers.  The threshold sits ~1 GiB under the marketing size because
+# NVML reports slightly less for some boards (H100 SXM5 "80GB" = 81559 MiB).
+MEMORY_TIERS: dict[str, str] = {
+    "gpu-mem-40gi": "39Gi",
+    "gpu-mem-80gi": "79Gi",
+    "gpu-mem-140gi": "139Gi",
+}
+
+# Architecture floors as CUDA compute capability (Ampere 8.0, Hopper 9.0, Blackwell 10.0).
+ARCHITECTURE_FLOORS: dict[str, tuple[str, str]] = {
+    "gpu-ampere-plus": ("8.0.0", "Ampere or newer (Ada, Hopper, Blackwell)"),
+    "gpu-hopper-plus": ("9.0.0", "Hopper or newer (Blackwell)"),
+    "gpu-blackwell-plus": ("10.0.0", "Blackwell or newer"),
+}
+
+GENERIC_CLASS = DEFAULT_DRIVER_NAME
+NIC_CLASS = "nic.topodra.io"
+
+
+def catalog(driver: str = DEFAULT_DRIVER_NAME) -> list[ClassSpec]:
+    """Every class topodra ships, in a stable order."""
+    specs = [ClassSpec(GENERIC_CLASS if driver == DEFAULT_DRIVER_NAME else driver, "generic",
+                       "every full GPU published by the driver", DeviceMatch(type="gpu"))]
+    for name, models in MODEL_FAMILIES.items():
+        specs.append(ClassSpec(name, "model", f"GPUs of model {', '.join(models)}",
+                               DeviceMatch(type="gpu", models=models)))
+    for name, mem in MEMORY_TIERS.items():
+        specs.append(ClassSpec(name, "memory", f"GPUs with at least {mem} of memory",
+                               DeviceMatch(type="gpu", minMemory=mem)))
+    for name, (cc, text) in ARCHITECTURE_FLOORS.items():
+        specs.append(ClassSpec(name, "architecture", f"{text}: compute capability >= {cc}",
+                               DeviceMatch(type="gpu", minComputeCapability=cc)))
+    specs.append(ClassSpec(NIC_CLASS, "nic", "RDMA NICs published next to the GPUs (rail attribute)",
+                           DeviceMatch(type="nic")))
+    return specs
+
+
+def to_device_class(spec: ClassSpec, driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
+    """A ``resource.k8s.io/v1`` DeviceClass object for one catalog entry."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": spec.name,
+            "labels": {"app.kubernetes.io/part-of": "topodra", KIND_LABEL: spec.kind},
+            "annotations": {
+                MATCH_ANNOTATION: spec.match.to_annotation(),
+                "topodra.io/description": spec.description,
+            },
+        },
+        "spec": {"selectors": [{"cel": {"expression": spec.match.to_cel(driver)}}]},
+    }
+
+
+def model_class_name(model: str) -> str:
+    """Class name for a model outside the catalog, e.g. ``RTX-PRO-6000`` -> ``gpu-model-rtx-pro-6000``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return f"gpu-model-{slug}"[:63].rstrip("-")
+
+
+def classes_for_models(models: Iterable[str], *, with_nic: bool = False,
+                       driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
+    """DeviceClasses worth installing for a cluster whose GPUs have these models.
+
+    Generic, memory and architecture classes always; a family class when one of
+    its models is present; a single-model class for a model the catalog does not
+    know; the NIC class when NICs are published.
+    """
+    present = {m for m in models if m}
+    known = {m for ms in MODEL_FAMILIES.values() for m in ms}
+    out: list[ClassSpec] = []
+    for spec in catalog(driver):
+        if spec.kind == "model" and not (set(spec.match.models or ()) & present):
+            continue
+        if spec.kind == "nic" and not with_nic:
+            continue
+        out.append(spec)
+    for model in sorted(present - known):
+        out.append(ClassSpec(model_class_name(model), "model", f"GPUs of model {model}",
+                             DeviceMatch(type="gpu", models=(model,))))
+    return [to_device_class(s, driver) for s in out]
+
+
+def inventory(slices: Iterable[dict[str, Any]], driver: str) -> tuple[set[str], bool]:
+    """GPU models and whether any NIC is published, from ResourceSlices of ``driver``."""
+    models: set[str] = set()
+    has_nic = False
+    for sl in slices:
+        spec = sl.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        for dev in spec.get("devices") or []:
+            attrs = dev.get("attributes") or {}
+            kind = (attrs.get("type") or attrs.get(f"{driver}/type") or {}).get("string")
+            if kind == "nic":
+                has_nic = True
+            elif kind == "gpu":
+                model = (attrs.get("model") or attrs.get(f"{driver}/model") or {}).get("string")
+                if model:
+                    models.add(model)
+    return models, has_nic
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (our CEL) as literal blocks, so the files read naturally."""
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def dump(obj: dict[str, Any]) -> str:
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=120)
+
+
+def dump_all(objs: Iterable[dict[str, Any]]) -> str:
+    return "---\n".join(dump(o) for o in objs)
+
+
+def file_name(obj: dict[str, Any]) -> str:
+    return f"{obj['metadata']['name']}.yaml"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    gen = sub.add_parser("generate", help="print DeviceClass YAML for the GPU models in the cluster")
+    gen.add_argument("--kubeconfig", help="kubeconfig of the cluster to read ResourceSlices from")
+    gen.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    gen.add_argument("--all", action="store_true", help="the whole catalog; do not read the cluster")
+    gen.add_argument("--write-dir", help="write one file per class into this directory instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.all:
+        objs = [to_device_class(s, args.driver_name) for s in catalog(args.driver_name)]
+    else:
+        from topodra.kube import Kube, KubeError, slices_path
+
+        try:
+            kube = Kube.from_kubeconfig(args.kubeconfig)
+        except Exception as e:  # the client raises ConfigException, OSError, ValueError...
+            print(f"error: cannot list ResourceSlices: bad kubeconfig: {e}", file=sys.stderr)
+            return 1
+        try:
+            slices = list(kube.list(slices_path(), field_selector=f"spec.driver={args.driver_name}"))
+        except KubeError as e:
+            print(f"error: cannot list ResourceSlices: {e}", file=sys.stderr)
+            return 1
+        finally:
+            kube.close()
+        models, has_nic = inventory(slices, args.driver_name)
+        if not models:
+            print(f"error: no GPUs of driver {args.driver_name} are published (no ResourceSlices); "
+                  "use --all for the whole catalog", file=sys.stderr)
+            return 1
+        log.info("models present: %s; NICs: %s", ", ".join(sorted(models)), has_nic)
+        objs = classes_for_models(models, with_nic=has_nic, driver=args.driver_name)
+    if args.write_dir:
+        out = Path(args.write_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for obj in objs:
+            (out / file_name(obj)).write_text(dump(obj))
+        print(f"wrote {len(objs)} DeviceClasses to {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(dump_all(objs))
+    return 0
