@@ -191,18 +191,19 @@ def test_every_requested_claim_gets_an_entry(plugin: Running, api: str) -> None:
         # uid-missing: the state forgot it
     }
     claims = [("ns", "uid-ok", "a"), ("ns", "uid-bad", "b"), ("ns", "uid-missing", "c"),
-              ("ns", "uid-noname", ""), ("ns", "uid-ok", "a")]
+              ("ns", "uid-noname", ""), ("ns", "uid-dup", "d"), ("ns", "uid-dup", "d")]
     errors = sample("topodra_plugin_request_errors_total", {"method": "NodePrepareResources", "scope": "claim"})
     resp = plugin.kubelet.prepare(claims, api=api)
-    assert set(resp.claims) == {"uid-ok", "uid-bad", "uid-missing", "uid-noname"}
+    assert set(resp.claims) == {"uid-ok", "uid-bad", "uid-missing", "uid-noname", "uid-dup"}
     assert resp.claims["uid-ok"].error == "" and len(resp.claims["uid-ok"].devices) == 1
     assert resp.claims["uid-bad"].error == "device gpu-9 is not on this node"
     assert "no prepare result" in resp.claims["uid-missing"].error
     assert "lacks name" in resp.claims["uid-noname"].error
+    assert "more than once" in resp.claims["uid-dup"].error and not resp.claims["uid-dup"].devices
     # Malformed and duplicate claims never reach the state.
     assert [c.uid for c in plugin.state.prepare_calls[0]] == ["uid-ok", "uid-bad", "uid-missing"]
     assert sample("topodra_plugin_request_errors_total",
-                  {"method": "NodePrepareResources", "scope": "claim"}) == errors + 3
+                  {"method": "NodePrepareResources", "scope": "claim"}) == errors + 4
 
 
 @pytest.mark.parametrize("api", ["v1", "v1beta1"])

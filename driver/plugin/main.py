@@ -64,6 +64,9 @@ class Plugin:
             except (ValueError, OSError) as e:
                 raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
             devices = backend.discover()
+            if not cfg.hardware.startswith("nvml"):
+                # Mock and replayed GPUs have no /dev/nvidia* on this host; CDI must not reference them.
+                devices = [d.model_copy(update={"device_nodes": ()}) for d in devices]
             log.info("discovered devices node=%s hardware=%s count=%d names=%s", cfg.node_name, cfg.hardware,
                      len(devices), ",".join(d.name for d in devices))
 
@@ -115,10 +118,13 @@ def build_state(cfg: PluginConfig, devices: list[Device], kube: Kube) -> DeviceS
         return kube.get(claim_path(namespace, name))
 
     return DeviceState(cfg.driver_name, cfg.node_name, devices, get_claim,
-                       cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir)
+                       cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir, boot_id_path=str(cfg.boot_id_file),
+                       quarantine_corrupt=cfg.quarantine_corrupt_checkpoint)
 
 
 def run(args: argparse.Namespace) -> int:
+    from topodra.checkpoint import CheckpointCorrupt
+
     try:
         cfg = config.from_args(args, os.environ)
     except ConfigError as e:
@@ -138,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as e:
             log.error("%s", e)
             return 2
+        except CheckpointCorrupt as e:
+            log.error("refusing to start node=%s: %s", cfg.node_name, e)
+            return 3
         except Exception as e:
             log.exception("kubelet plugin failed to start driver=%s node=%s: %s",
                           cfg.driver_name, cfg.node_name, e)

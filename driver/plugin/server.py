@@ -77,7 +77,8 @@ def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]
     """Protobuf claims → (valid ClaimRefs, uid → error for malformed ones).
 
     A claim without a UID cannot get a response entry, so it fails the call.
-    Duplicate UIDs are passed on once.
+    A UID that appears twice cannot get two answers: it gets one error and is
+    not handled at all, so an ambiguous batch changes nothing.
     """
     refs: list[ClaimRef] = []
     bad: dict[str, str] = {}
@@ -87,6 +88,8 @@ def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]
             raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
                              f"claim {c.namespace}/{c.name} has no uid; claims need namespace, uid and name")
         if c.uid in seen:
+            bad[c.uid] = f"claim {_claim_label(c)} appears more than once in one batch (duplicate); not handled"
+            refs = [r for r in refs if r.uid != c.uid]
             continue
         seen.add(c.uid)
         missing = [f for f in ("namespace", "name") if not getattr(c, f)]
