@@ -288,7 +288,8 @@ class Cluster:
 
     # ----- processes
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+    def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start a process whose PID, log and lifetime this cluster manages (down stops it)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         logf = (self.logs / f"{name}.log").open("ab")
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -381,7 +382,7 @@ class Cluster:
         for ident in ("admin", "kube-controller-manager", "kube-scheduler", "node"):
             _kubeconfig(self.state_dir / f"{ident}.kubeconfig", self.pki, ident)
         p = self.pki
-        self._start("etcd", [
+        self.start_process("etcd", [
             str(bins / "etcd"), "--name=topodra", f"--data-dir={self.state_dir / 'etcd'}",
             "--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
             "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
@@ -389,7 +390,7 @@ class Cluster:
             "--unsafe-no-fsync=true", "--log-level=warn"])
         self._wait("etcd", lambda: urllib.request.urlopen("http://127.0.0.1:2379/health", timeout=2)
                    .status == 200, 60)
-        self._start("kube-apiserver", [
+        self.start_process("kube-apiserver", [
             str(bins / "kube-apiserver"),
             "--etcd-servers=http://127.0.0.1:2379", "--bind-address=127.0.0.1", "--secure-port=6443",
             "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
@@ -407,7 +408,7 @@ class Cluster:
             "--profiling=false", "--v=1"])
         self._wait("kube-apiserver", lambda: self._https_ok(6443, "/readyz"), 120)
         common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "--v=1"]
-        self._start("kube-controller-manager", [
+        self.start_process("kube-controller-manager", [
             str(bins / "kube-controller-manager"), *common,
             f"--kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
             f"--authentication-kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
@@ -417,7 +418,7 @@ class Cluster:
             # Kubelet-less fake nodes never heartbeat: a long grace period keeps them Ready while the
             # node lifecycle controller still removes the not-ready taint as on a real cluster.
             "--node-monitor-grace-period=8760h", "--controllers=*"])
-        self._start("kube-scheduler", [
+        self.start_process("kube-scheduler", [
             str(bins / "kube-scheduler"), *common,
             f"--kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}",
             f"--authentication-kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}",
@@ -483,8 +484,8 @@ state = "{self.containerd_state}"
     conf_dir = "{cni}"
 """)
         env = {"PATH": f"{bins}:{os.environ.get('PATH', '')}"}
-        self._start("containerd", [str(bins / "containerd"), "--config", str(self.state_dir / "containerd.toml")],
-                    env=env)
+        self.start_process("containerd",
+                           [str(bins / "containerd"), "--config", str(self.state_dir / "containerd.toml")], env=env)
         ctr = [str(bins / "ctr"), "--address", str(self.containerd_sock), "-n", "k8s.io"]
         self._wait("containerd", lambda: subprocess.run([*ctr, "version"], capture_output=True,
                                                         check=False).returncode == 0, 60)
@@ -511,7 +512,7 @@ state = "{self.containerd_state}"
             "localStorageCapacityIsolation": True,
             "registerNode": True, "syncFrequency": "10s", "fileCheckFrequency": "10s",
         }, indent=2))
-        self._start("kubelet", [
+        self.start_process("kubelet", [
             str(bins / "kubelet"), f"--config={self.state_dir / 'kubelet.yaml'}",
             f"--kubeconfig={self.state_dir / 'node.kubeconfig'}", f"--root-dir={KUBELET_ROOT}",
             f"--hostname-override={self.node_name}", "--v=2"], env=env)

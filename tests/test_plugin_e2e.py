@@ -8,6 +8,7 @@ the CDI edits into busybox containers whose output we read.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 from conftest import REPO, ClusterHandle, wait_for
 from kubeletstub import KubeletStub
 from pluginproc import CDI_ROOT, DRA_SOCKET, DRIVER, PLUGIN_DIR, PluginProcess
+
 from topodra.kube import claim_path, slices_path
 from topodra.simulate import SimulatedCluster, Simulation
 
@@ -168,9 +170,13 @@ def test_two_pods_get_distinct_gpus(node_cluster: ClusterHandle, plugin: PluginP
     for name in ("a", "b"):
         wait_phase(nc, ns, name, "Running")
     seen = {}
+
+    def output(pod_name: str) -> str | None:
+        out = nc.kubectl("logs", "-n", ns, pod_name)
+        return out if "NVIDIA_VISIBLE_DEVICES" in out else None
+
     for name in ("a", "b"):
-        out = wait_for(lambda n=name: "NVIDIA_VISIBLE_DEVICES" in (o := nc.kubectl("logs", "-n", ns, n)) and o,
-                       30, "container output")
+        out = wait_for(functools.partial(output, name), 30, "container output")
         seen[name] = env_of(out)["NVIDIA_VISIBLE_DEVICES"]
         assert [seen[name]] == uuids_of(nc, nc.node_name, allocated(pod_claim(nc, ns, name)))
     assert seen["a"] != seen["b"]
@@ -232,7 +238,10 @@ def test_error_paths_are_per_claim_and_change_nothing(node_cluster: ClusterHandl
                        c.get("status", {}).get("allocation") and c, 60, "allocation of the foreign claim")
 
     before_specs, before_ckpt = our_specs(), checkpoint_bytes()
-    uid = lambda c: c["metadata"]["uid"]  # noqa: E731
+
+    def uid(c: dict[str, Any]) -> str:
+        return str(c["metadata"]["uid"])
+
     with KubeletStub(DRA_SOCKET) as stub:
         assert dict(stub.prepare([]).claims) == {}
         cases = {
