@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from topodra.atomicfile import remove_durably, remove_stale_temps, write_atomic
 from topodra.devices import Device
 

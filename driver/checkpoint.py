@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from topodra.atomicfile import remove_stale_temps, write_atomic
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch
 

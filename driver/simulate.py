@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.devices import Device
 from topodra.kube import Kube, KubeError, slices_path

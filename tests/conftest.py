@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hack"))
 
 import localcluster  # noqa: E402
+
 from topodra.kube import Kube  # noqa: E402
 
 LOG_ARCHIVE = REPO / ".run" / "logs"

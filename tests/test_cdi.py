@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from topodra import cdi
 from topodra.devices import Device, s
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from topodra import checkpoint
 from topodra.checkpoint import CheckpointCorrupt, CheckpointData, CheckpointDevice, ClaimEntry
 

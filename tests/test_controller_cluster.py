@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ClusterHandle, wait_for
+
 from topodra.controller.operator import template_path
 from topodra.controller.render import HASH_ANNOTATION
 from topodra.kube import KubeError

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+
 from topodra.controller.leader import LeaseElector, decide, lease_object, lease_path
 from topodra.controller.operator import (
     ControllerConfig,

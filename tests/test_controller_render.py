@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from topodra.controller.profile import ClaimProfile, ProfileError
 from topodra.controller.render import HASH_ANNOTATION, claim_spec, device_class_names, render_template
 

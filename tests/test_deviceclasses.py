@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from topodra import deviceclasses as dc
 from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch
 

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+
 from topodra.devices import Device
 from topodra.hardware import DiscoveryError, NvmlBackend, load_backend
 from topodra.hardware.mock import FakeNvml, MockHardware, nvml_error

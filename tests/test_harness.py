@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, ClusterHandle, wait_for
+
 from topodra.kube import KubeError
 
 pytestmark = pytest.mark.cluster

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from kubeletstub import KubeletStub, health_by_device
 from prometheus_client import REGISTRY
+
 from topodra.pb.grpchealth.v1 import health_pb2, health_pb2_grpc
 from topodra.plugin import config, health, metrics
 from topodra.plugin.config import ConfigError

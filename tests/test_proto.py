@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
 from topodra.pb.dra.v1 import api_pb2 as dra_v1
 from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from topodra.pb.dra.v1beta1 import api_pb2 as dra_v1beta1

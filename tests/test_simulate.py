@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO, ClusterHandle
+
 from topodra.kube import slices_path
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster, plan
 

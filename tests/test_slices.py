@@ -6,6 +6,7 @@ import time
 
 import pytest
 from conftest import ClusterHandle, wait_for
+
 from topodra.devices import Device, i, s
 from topodra.kube import KubeError, slices_path
 from topodra.publisher import SlicePublisher

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from topodra import cdi, checkpoint
 from topodra.checkpoint import CheckpointCorrupt
 from topodra.devices import Device, s

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch, attribute
 from topodra.controller.profile import Alternative, ClaimProfile

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import yaml
+
 from topodra.devices import Device
 from topodra.hardware import DiscoveryError, load_backend
 
@@ -49,6 +50,7 @@ def table(devices: list[Device]) -> str:
 
 def _capture(args: argparse.Namespace) -> int:
     import pynvml
+
     from topodra.hardware.nvml import normalize_bus_id
     from topodra.hardware.replay import ReplayFixture, capture_nvml, capture_sysfs, dump_fixture
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pynvml
+
 from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts
 from topodra.hardware.mockprofile import Fabric, Profile, build_facts, build_tree
 

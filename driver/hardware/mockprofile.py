@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, SysfsTree
 from topodra.hardware.sysfs import BDF, parse_cpulist
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict
+
 from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, SysfsTree
 from topodra.hardware.sysfs import BDF
 

@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 import grpc
+
 from topodra.pb.grpchealth.v1 import health_pb2, health_pb2_grpc
 from topodra.plugin import metrics
 
