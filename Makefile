@@ -19,7 +19,7 @@ bins:
 	hack/build-bins >/dev/null
 
 lint: venv
-	$(VENV)/bin/ruff check driver tests hack bench
+	$(VENV)/bin/ruff check $(wildcard driver tests hack bench)
 
 typecheck: venv
 	mkdir -p .mypy-src && ln -sfn ../driver .mypy-src/topodra

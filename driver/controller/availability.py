@@ -178,8 +178,23 @@ def alternative_status(alt: Alternative, profile: ClaimProfile, snap: Snapshot, 
                 nics_by_node[d.node].append(d)
     fit = sum(1 for node, gpus in free_by_node.items()
               if node_fits(gpus, nics_by_node.get(node, []), alt.count, profile, driver))
+    why = "" if fit else why_not(profile, cls, count, len(chosen), len(free))
     return AlternativeStatus(name, cls, count, known=True, devices_total=len(chosen), devices_free=len(free),
-                             nodes_fit=fit)
+                             nodes_fit=fit, message=why)
+
+
+def why_not(profile: ClaimProfile, device_class: str, count: int, total: int, free: int) -> str:
+    """One line on why an alternative fits on no node now (shown in the profile's status.message)."""
+    if total == 0:
+        return f"no published device matches DeviceClass {device_class}"
+    if free < count:
+        return f"{free} of {total} devices free, {count} needed"
+    topo = profile.spec.topology
+    where = [text for dim, text in (("nvlink", " in one NVLink domain"), ("numa", " on one NUMA node"))
+             if getattr(topo, dim) == "Required"]
+    if topo.nic == "RailAligned":
+        where.append(" each with a free NIC on its rail")
+    return f"{free} of {total} devices free, but no node has {count} free{','.join(where)}"
 
 
 def profile_availability(profile: ClaimProfile, snap: Snapshot, *, driver: str = DEFAULT_DRIVER_NAME,

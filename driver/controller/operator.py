@@ -198,6 +198,16 @@ def availability_note(alternatives: list[AlternativeStatus] | None, snapshot_err
     unknown = [f"{a.name}: {a.message}" for a in alternatives if not a.known]
     fitting = [a.name for a in alternatives if a.known and (a.nodes_fit or 0) > 0]
     note = f"fits now: {', '.join(fitting) if fitting else 'none'}"
+    # Why the scheduler falls back (or cannot place a claim at all): every known alternative ranked
+    # above the first one that fits, with its reason.
+    skipped: list[str] = []
+    for a in alternatives:
+        if a.known and (a.nodes_fit or 0) > 0:
+            break
+        if a.known:
+            skipped.append(f"{a.name}: {a.message}")
+    if skipped:
+        note += f" ({'; '.join(skipped)})"
     return note + (f"; unknown: {'; '.join(unknown)}" if unknown else "")
 
 
