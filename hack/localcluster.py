@@ -188,6 +188,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def rss_mib(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -681,7 +689,8 @@ state = "{self.containerd_state}"
             return "no cluster (nothing running)"
         lines = [f"cluster dir {self.state_dir} (binaries {meta.get('bin_dir')})"]
         for name, pid in (meta.get("pids") or {}).items():
-            lines.append(f"  {name:24s} pid {pid:<8d} {'running' if pid_alive(pid) else 'NOT RUNNING'}")
+            state = f"running, {rss_mib(pid):.0f} MiB resident" if pid_alive(pid) else "NOT RUNNING"
+            lines.append(f"  {name:24s} pid {pid:<8d} {state}")
         if self.running().get("kube-apiserver"):
             with contextlib.suppress(Exception):
                 nodes = self.api("GET", "/api/v1/nodes")["items"]
