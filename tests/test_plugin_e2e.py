@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +36,21 @@ def boot_id_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def plugin(node_cluster: ClusterHandle, boot_id_file: Path) -> Iterator[PluginProcess]:
+def hardware_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    f = tmp_path_factory.mktemp("hw") / "hardware.yaml"
+    f.write_text("{}\n")
+    return f
+
+
+@pytest.fixture(scope="module")
+def plugin(node_cluster: ClusterHandle, boot_id_file: Path, hardware_config: Path) -> Iterator[PluginProcess]:
     for f in CDI_ROOT.glob("k8s.gpu.topodra.io-claim_*.json"):
         f.unlink()
     node_cluster.apply_yaml(REPO / "deviceclasses/gpu.topodra.io.yaml")
     p = PluginProcess(node_cluster.kubeconfig, node_cluster.node_name,
                       node_cluster.lc.logs / "topodra-plugin.log",
-                      extra_env={"TOPODRA_BOOT_ID_FILE": str(boot_id_file)})
+                      extra_env={"TOPODRA_BOOT_ID_FILE": str(boot_id_file),
+                                 "TOPODRA_HARDWARE_CONFIG": str(hardware_config)})
     p.start()
     yield p
     p.stop()
@@ -327,3 +336,26 @@ def test_slices_deleted_while_running_come_back(node_cluster: ClusterHandle, plu
     after = wait_for(lambda: list(nc.kube.list(slices_path(), field_selector=sel)), 60, "slices re-published")
     assert after[0]["spec"]["pool"]["generation"] > gen
     assert len(after[0]["spec"]["devices"]) == 16
+
+
+def test_hardware_change_republishes_with_new_generation(
+        node_cluster: ClusterHandle, plugin: PluginProcess, hardware_config: Path) -> None:
+    nc = node_cluster
+    sel = f"spec.driver={DRIVER},spec.nodeName={nc.node_name}"
+
+    def pool() -> tuple[int, list[str]]:
+        sl = list(nc.kube.list(slices_path(), field_selector=sel))
+        return sl[0]["spec"]["pool"]["generation"], [d["name"] for d in sl[0]["spec"]["devices"]]
+
+    gen, names = pool()
+    assert "gpu-3" in names
+    # GPU 3 disappears (mock hardware's hideGpus); SIGHUP re-reads the hardware config and re-discovers.
+    hardware_config.write_text("hideGpus: [3]\n")
+    assert plugin.proc is not None
+    plugin.proc.send_signal(signal.SIGHUP)
+    gen2, names2 = wait_for(lambda: (p := pool()) and "gpu-3" not in p[1] and p, 30, "republish without gpu-3")
+    assert gen2 > gen and len(names2) == len(names) - 1
+    hardware_config.write_text("{}\n")
+    plugin.proc.send_signal(signal.SIGHUP)
+    gen3, names3 = wait_for(lambda: (p := pool()) and "gpu-3" in p[1] and p, 30, "gpu-3 back")
+    assert gen3 > gen2 and names3 == names

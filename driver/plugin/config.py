@@ -62,6 +62,8 @@ FLAGS: tuple[Flag, ...] = (
          "PORT"),
     Flag("metrics_port", f"127.0.0.1 port of /metrics, 0 disables (default {DEFAULT_METRICS_PORT})", "PORT"),
     Flag("sysfs_root", "directory that contains the sys/ tree discovery reads (default /)", "DIR"),
+    Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
+         "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
     Flag("boot_id_file", "file holding this boot's ID; a change means the node rebooted "
          "(default /proc/sys/kernel/random/boot_id)", "PATH"),
     Flag("quarantine_corrupt_checkpoint", "true: move a corrupt checkpoint aside and start empty "
@@ -86,6 +88,7 @@ class PluginConfig(BaseModel):
     health_port: int = Field(default=DEFAULT_HEALTH_PORT, ge=0, le=65535)
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
     sysfs_root: Path | None = None
+    rediscover_interval: float = Field(default=60.0, ge=0)
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     quarantine_corrupt_checkpoint: bool = False
 

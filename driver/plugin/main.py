@@ -44,12 +44,53 @@ class Plugin:
         self.server: Any = None
         self.probe_port: int | None = None
         self.metrics_port: int | None = None
+        self.devices: list[Device] = []
+        self.state: Any = None
+        self.board: Any = None
+        self.publisher: Any = None
+        self._rediscover = threading.Event()
+        self._stopping = threading.Event()
+
+    def discover(self) -> list[Device]:
+        """Read --hardware-config and discover devices (mock devices get no host device nodes)."""
+        from topodra.hardware import load_backend
+
+        cfg = self.cfg
+        overrides = cfg.hardware_overrides()
+        try:
+            backend = load_backend(cfg.hardware, cfg.node_name,
+                                   sysfs_root=str(cfg.sysfs_root) if cfg.sysfs_root else None,
+                                   overrides=overrides)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
+        devices = backend.discover()
+        if not cfg.hardware.startswith("nvml"):
+            # Mock and replayed GPUs have no /dev/nvidia* on this host; CDI must not reference them.
+            devices = [d.model_copy(update={"device_nodes": ()}) for d in devices]
+        return devices
+
+    def rediscover(self) -> None:
+        """Hardware or its config changed (or may have): push the new device set everywhere."""
+        try:
+            devices = self.discover()
+        except Exception as e:
+            log.error("re-discovery failed node=%s, keeping the previous devices: %s", self.cfg.node_name, e)
+            return
+        old = {d.name for d in self.devices}
+        new = {d.name for d in devices}
+        if devices == self.devices:
+            log.debug("re-discovery node=%s: no change", self.cfg.node_name)
+            return
+        log.info("hardware changed node=%s: removed=%s added=%s (attributes may differ too); republishing",
+                 self.cfg.node_name, sorted(old - new) or "-", sorted(new - old) or "-")
+        self.devices = devices
+        self.state.set_devices(devices)
+        self.board.set_devices(d.name for d in devices)
+        self.publisher.set_devices(devices)
 
     def start(self) -> None:
         cfg = self.cfg
-        overrides = cfg.hardware_overrides()
         # Imported here so that config errors are reported before the heavy imports.
-        from topodra.hardware import load_backend
         from topodra.kube import Kube
         from topodra.plugin import metrics
         from topodra.plugin.health import DeviceHealthBoard, ProbeServer
@@ -57,24 +98,18 @@ class Plugin:
         from topodra.publisher import SlicePublisher
 
         with ExitStack() as stack:
-            try:
-                backend = load_backend(cfg.hardware, cfg.node_name,
-                                       sysfs_root=str(cfg.sysfs_root) if cfg.sysfs_root else None,
-                                       overrides=overrides)
-            except (ValueError, OSError) as e:
-                raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
-            devices = backend.discover()
-            if not cfg.hardware.startswith("nvml"):
-                # Mock and replayed GPUs have no /dev/nvidia* on this host; CDI must not reference them.
-                devices = [d.model_copy(update={"device_nodes": ()}) for d in devices]
+            devices = self.discover()
+            self.devices = devices
             log.info("discovered devices node=%s hardware=%s count=%d names=%s", cfg.node_name, cfg.hardware,
                      len(devices), ",".join(d.name for d in devices))
 
             kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
             stack.callback(kube.close)
             state = build_state(cfg, devices, kube)
+            self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
             board.set_devices(d.name for d in devices)
+            self.board = board
 
             server = PluginServer(driver_name=cfg.driver_name, state=state, board=board,
                                   plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
@@ -87,6 +122,7 @@ class Plugin:
             publisher.set_devices(devices)
             publisher.start()
             stack.callback(publisher.stop)
+            self.publisher = publisher
 
             if cfg.metrics_port:
                 httpd = metrics.serve(cfg.metrics_port)
@@ -98,9 +134,25 @@ class Plugin:
                 probe.start()
                 stack.callback(probe.stop)
                 self.probe_port = probe.port
+
+            watcher = threading.Thread(target=self._rediscover_loop, name="rediscover", daemon=True)
+            watcher.start()
+            stack.callback(self._stopping.set)
             self._stack = stack.pop_all()
         log.info("kubelet plugin running driver=%s node=%s dra_socket=%s registration_socket=%s",
                  cfg.driver_name, cfg.node_name, server.dra_socket, server.registration_socket)
+
+    def request_rediscovery(self) -> None:
+        self._rediscover.set()
+
+    def _rediscover_loop(self) -> None:
+        interval = self.cfg.rediscover_interval or None
+        while not self._stopping.is_set():
+            self._rediscover.wait(interval)
+            if self._stopping.is_set():
+                return
+            self._rediscover.clear()
+            self.rediscover()
 
     def stop(self) -> None:
         log.info("kubelet plugin stopping driver=%s node=%s (ResourceSlices are kept)",
@@ -138,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     plugin = Plugin(cfg)
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: plugin.request_rediscovery())
     try:
         try:
             plugin.start()
