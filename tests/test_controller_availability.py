@@ -166,3 +166,16 @@ def test_mock_nodes_from_discovery() -> None:
     assert table(rail, slices) == [("h100", True, 16, 16, 1)]  # DGX H100: 8 GPUs, 8 rails, 8 NICs
     l4 = prof([{"deviceClassName": "gpu-l4", "count": 1}], {"nic": "RailAligned"})
     assert table(l4, slices) == [("l4", True, 4, 4, 0)]  # the L4 box has no compute NICs
+
+
+def test_why_not_explains_each_kind_of_misfit() -> None:
+    from topodra.controller.availability import why_not
+
+    plain = prof([{"deviceClassName": "gpu-h200", "count": 8}])
+    assert why_not(plain, "gpu-h200", 8, 0, 0) == "no published device matches DeviceClass gpu-h200"
+    assert why_not(plain, "gpu-h200", 8, 16, 3) == "3 of 16 devices free, 8 needed"
+    nvl = prof([{"deviceClassName": "gpu-h100", "count": 8}], {"nvlink": "Required", "numa": "Required"})
+    assert why_not(nvl, "gpu-h100", 8, 32, 16) == (
+        "16 of 32 devices free, but no node has 8 free in one NVLink domain, on one NUMA node")
+    rail = prof([{"deviceClassName": "gpu-h100", "count": 2}], {"nic": "RailAligned"})
+    assert why_not(rail, "gpu-h100", 2, 8, 4).endswith("no node has 2 free each with a free NIC on its rail")
