@@ -24,7 +24,7 @@ lint: venv
 typecheck: venv
 	mkdir -p .mypy-src && ln -sfn ../driver .mypy-src/topodra
 	$(VENV)/bin/mypy -p topodra
-	MYPYPATH=.mypy-src:tests:hack $(VENV)/bin/mypy tests hack/localcluster.py
+	MYPYPATH=.mypy-src:tests:hack $(VENV)/bin/mypy tests hack/localcluster.py hack/demo.py bench/prepare_bench.py bench/import_rss.py
 
 test: venv bins lint typecheck
 	$(VENV)/bin/pytest -q -rA --durations=15 tests
