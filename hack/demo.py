@@ -167,7 +167,8 @@ def main() -> int:
         else:
             time.sleep(5)
             p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}") or {}
-            cond = next((c for c in p.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"), {})
+            conds = p.get("status", {}).get("conditions", [])
+            cond: dict[str, Any] = next((c for c in conds if c["type"] == "PodScheduled"), {})
             print(f"  pod {name}: {p.get('status', {}).get('phase')} - {cond.get('message', '')[:160]}")
     time.sleep(6)
     prof = kube.get(f"/apis/topodra.io/v1alpha1/namespaces/{NS}/claimprofiles/train-8") or {}
