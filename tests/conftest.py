@@ -95,6 +95,7 @@ class _Manager:
         self.with_node = False
         self.owned = False
         self._lock_fd: int | None = None
+        self.leftovers: list[str] = []
 
     def _lock(self) -> None:
         """The cluster uses fixed loopback ports: concurrent test sessions on one machine take turns."""
@@ -123,7 +124,14 @@ class _Manager:
     def _stop_cluster(self) -> None:
         if self.lc is not None and self.owned:
             os.environ["TOPODRA_LOG_ARCHIVE"] = str(LOG_ARCHIVE)
+            pids = dict(self.lc.meta().get("pids") or {})
             self.lc.down(quiet=True, keep_logs=True)
+            # `down` must leave nothing behind: no process, no mount, no state directory.
+            alive = {n: p for n, p in pids.items() if localcluster.pid_alive(p)}
+            mounts = list(self.lc._mounts())
+            if alive or mounts or self.lc.state_dir.exists():
+                self.leftovers.append(f"after down: processes {alive}, mounts {mounts}, "
+                                      f"state dir exists: {self.lc.state_dir.exists()}")
         self.lc = None
 
     def stop(self) -> None:
@@ -148,6 +156,9 @@ def node_cluster() -> Iterator[ClusterHandle]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _MANAGER.stop()
+    if _MANAGER.leftovers:
+        print("\nhack/cluster down left things behind:\n  " + "\n  ".join(_MANAGER.leftovers), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

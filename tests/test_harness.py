@@ -58,8 +58,9 @@ def test_claim_template_yields_claim(cluster: ClusterHandle) -> None:
     assert len(claims) == 1
     owner = claims[0]["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "Pod" and owner["name"] == "p"
-    pod = cluster.kube.get(f"/api/v1/namespaces/{ns}/pods/p")
-    assert pod and pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"] == claims[0]["metadata"]["name"]
+    statuses = wait_for(lambda: ((cluster.kube.get(f"/api/v1/namespaces/{ns}/pods/p") or {}).get("status") or {})
+                        .get("resourceClaimStatuses"), 30, "the pod's resourceClaimStatuses")
+    assert statuses[0]["resourceClaimName"] == claims[0]["metadata"]["name"]
 
 
 def test_resourcequota_rejects_excess_claim(cluster: ClusterHandle) -> None:
