@@ -179,3 +179,21 @@ def test_why_not_explains_each_kind_of_misfit() -> None:
         "16 of 32 devices free, but no node has 8 free in one NVLink domain, on one NUMA node")
     rail = prof([{"deviceClassName": "gpu-h100", "count": 2}], {"nic": "RailAligned"})
     assert why_not(rail, "gpu-h100", 2, 8, 4).endswith("no node has 2 free each with a free NIC on its rail")
+
+
+def test_cordoned_tainted_and_notready_nodes_do_not_fit() -> None:
+    def node(name: str, ready: bool = True, taint: str | None = None, cordon: bool = False) -> dict[str, Any]:
+        spec: dict[str, Any] = {"unschedulable": cordon}
+        if taint:
+            spec["taints"] = [{"key": "k", "effect": taint}]
+        return {"metadata": {"name": name}, "spec": spec,
+                "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    p = prof([{"deviceClassName": "gpu-h200", "count": 8}])
+    slices = [hgx(n) for n in ("ok", "cordoned", "tainted", "soft", "down")]
+    nodes = [node("ok"), node("cordoned", cordon=True), node("tainted", taint="NoSchedule"),
+             node("soft", taint="PreferNoSchedule"), node("down", ready=False)]
+    snap = make_snapshot(slices, [], CLASSES, nodes=nodes)
+    (status,) = profile_availability(p, snap)
+    assert status.devices_free == 40  # devices stay free; only the fit count honours the nodes
+    assert status.nodes_fit == 2  # "ok" and "soft" (PreferNoSchedule does not block)

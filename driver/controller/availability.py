@@ -67,6 +67,9 @@ class Snapshot:
     devices: tuple[PublishedDevice, ...]
     allocated: frozenset[tuple[str, str]]  # (pool, device)
     classes: dict[str, Obj]
+    # Nodes no ordinary pod can land on now (cordoned, not Ready, NoSchedule/NoExecute taints):
+    # their free devices still count as free, but the node does not count in nodesFit.
+    unavailable_nodes: frozenset[str] = frozenset()
 
 
 def published_devices(slices: Iterable[Obj], driver: str) -> list[PublishedDevice]:
@@ -102,12 +105,26 @@ def allocated_devices(claims: Iterable[Obj], driver: str) -> frozenset[tuple[str
     return frozenset(held)
 
 
+def unavailable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
+    """Nodes a pod without special tolerations cannot be scheduled to right now."""
+    out: set[str] = set()
+    for n in nodes:
+        name = str((n.get("metadata") or {}).get("name", ""))
+        spec, status = n.get("spec") or {}, n.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
+        if spec.get("unschedulable") or not ready or tainted:
+            out.add(name)
+    return frozenset(out)
+
+
 def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterable[Obj],
-                  driver: str = DEFAULT_DRIVER_NAME) -> Snapshot:
+                  driver: str = DEFAULT_DRIVER_NAME, nodes: Iterable[Obj] = ()) -> Snapshot:
     return Snapshot(
         devices=tuple(published_devices(slices, driver)),
         allocated=allocated_devices(claims, driver),
         classes={(c.get("metadata") or {}).get("name", ""): c for c in classes},
+        unavailable_nodes=unavailable_nodes(nodes),
     )
 
 
@@ -177,7 +194,8 @@ def alternative_status(alt: Alternative, profile: ClaimProfile, snap: Snapshot, 
                     and not _blocked(d.raw):
                 nics_by_node[d.node].append(d)
     fit = sum(1 for node, gpus in free_by_node.items()
-              if node_fits(gpus, nics_by_node.get(node, []), alt.count, profile, driver))
+              if node not in snap.unavailable_nodes
+              and node_fits(gpus, nics_by_node.get(node, []), alt.count, profile, driver))
     why = "" if fit else why_not(profile, cls, count, len(chosen), len(free))
     return AlternativeStatus(name, cls, count, known=True, devices_total=len(chosen), devices_free=len(free),
                              nodes_fit=fit, message=why)

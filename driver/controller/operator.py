@@ -105,7 +105,12 @@ class SnapshotCache:
                                         field_selector=f"spec.driver={self._cfg.driver}"))
                 claims = list(kube.list(f"{RESOURCE_V1}/resourceclaims"))
                 classes = list(kube.list(device_class_path()))
-                self._value = make_snapshot(slices, claims, classes, self._cfg.driver)
+                try:
+                    nodes = list(kube.list("/api/v1/nodes"))
+                except KubeError as e:  # without node access, every node counts as schedulable
+                    log.warning("availability: cannot list nodes (%s); taints and cordons are ignored", e)
+                    nodes = []
+                self._value = make_snapshot(slices, claims, classes, self._cfg.driver, nodes)
             except KubeError as e:
                 self._value = f"cannot read cluster state: {e}"
                 log.warning("availability: %s", self._value)
