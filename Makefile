@@ -27,7 +27,7 @@ typecheck: venv
 	MYPYPATH=.mypy-src:tests:hack $(VENV)/bin/mypy tests hack/localcluster.py hack/demo.py bench/prepare_bench.py bench/import_rss.py
 
 test: venv bins lint typecheck
-	$(VENV)/bin/pytest -q -rA --durations=15 tests
+	$(VENV)/bin/pytest -q -ra --durations=15 tests
 
 demo: venv bins
 	hack/demo
