@@ -58,6 +58,18 @@ class ClusterHandle:
             return self.kubectl("apply", "-f", str(text_or_path), *extra)
         return self.kubectl("apply", "-f", "-", *extra, input=str(text_or_path))
 
+    def install_claimprofile_crd(self) -> None:
+        """Apply the ClaimProfile CRD and wait until the apiserver serves it."""
+        name = "claimprofiles.topodra.io"
+        self.apply_yaml(REPO / "driver" / "crds" / f"{name}.yaml")
+
+        def established() -> bool:
+            obj = self.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+            return any(c.get("type") == "Established" and c.get("status") == "True"
+                       for c in (obj.get("status") or {}).get("conditions") or [])
+
+        wait_for(established, 60, "ClaimProfile CRD established")
+
     def fake_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> None:
         self.lc.create_fake_nodes(names, labels)
 

@@ -24,22 +24,14 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "driver" / "crds" / "claimprofiles.topodra.io.yaml"
-CRD_NAME = "claimprofiles.topodra.io"
 PROFILES = "/apis/topodra.io/v1alpha1/namespaces/{ns}/claimprofiles"
 LOG_DIR = REPO / ".run" / "controller-test-logs"  # kept after the cluster is torn down
 
 
 @pytest.fixture(scope="module")
 def crd(cluster: ClusterHandle) -> ClusterHandle:
-    cluster.apply_yaml(CRD)
+    cluster.install_claimprofile_crd()
     cluster.apply_yaml(REPO / "deviceclasses")
-
-    def established() -> bool:
-        obj = cluster.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}") or {}
-        return any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (obj.get("status") or {}).get("conditions") or [])
-
-    wait_for(established, 60, "ClaimProfile CRD established")
     return cluster
 
 

@@ -25,8 +25,6 @@ from topodra.kube import KubeError
 
 pytestmark = pytest.mark.cluster
 
-CRD = REPO / "driver" / "crds" / "claimprofiles.topodra.io.yaml"
-CRD_NAME = "claimprofiles.topodra.io"
 LOG_DIR = REPO / ".run" / "scheduling-test-logs"
 HETEROGENEOUS = [("h200", "dgx-h200", 2), ("h100", "dgx-h100", 2), ("a100", "dgx-a100-80gb", 2),
                  ("nvl", "h100-nvl", 2)]
@@ -35,14 +33,7 @@ QUOTA_KEY = "{}.deviceclass.resource.k8s.io/devices"
 
 @pytest.fixture(scope="module")
 def crd(cluster: ClusterHandle) -> ClusterHandle:
-    cluster.apply_yaml(CRD)
-
-    def established() -> bool:
-        obj = cluster.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}") or {}
-        return any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (obj.get("status") or {}).get("conditions") or [])
-
-    wait_for(established, 60, "ClaimProfile CRD established")
+    cluster.install_claimprofile_crd()
     return cluster
 
 
