@@ -22,9 +22,12 @@ STEPS: list[tuple[str, str]] = [
     ("generated DRA/health stubs", "import topodra.pb.dra.v1.api_pb2, topodra.pb.dra.v1beta1.api_pb2, "
      "topodra.pb.drahealth.v1.api_pb2, topodra.pb.drahealth.v1alpha1.api_pb2, topodra.pb.grpchealth.v1.health_pb2"),
     ("prometheus_client", "import prometheus_client"),
-    ("kubernetes (client + config + deps)", "from kubernetes import config; from kubernetes.client import ApiClient"),
+    ("urllib3 (topodra.kube's light transport)", "import urllib3"),
     ("topodra plugin modules", "import topodra.plugin.main, topodra.plugin.server, topodra.plugin.health, "
      "topodra.kube, topodra.publisher, topodra.hardware, topodra.state"),
+    # Not loaded by the plugin any more (only for exec/auth-provider kubeconfigs): shown for comparison.
+    ("+ kubernetes official client (fallback only)",
+     "from kubernetes import config; from kubernetes.client import ApiClient"),
 ]
 
 PROBE = """

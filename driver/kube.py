@@ -1,30 +1,41 @@
-"""A small JSON client for the Kubernetes API, on top of the official client.
+"""A small JSON client for the Kubernetes API.
 
 topodra talks to a handful of endpoints (ResourceClaims, ResourceSlices, Nodes,
-DeviceClasses, ClaimProfiles).  Working with plain JSON dicts through the
-official ``kubernetes`` client's transport (auth, TLS, kubeconfig loading)
-keeps decoded objects small and avoids the generated model layer, which
-matters for the per-node plugin's memory budget.
+DeviceClasses, ClaimProfiles) with plain JSON dicts, which keeps decoded
+objects small.  Two transports sit under one interface:
+
+- the common cases, in-cluster service-account config and kubeconfigs whose
+  user is a client certificate or a bearer token, go straight through
+  ``urllib3``: importing the official ``kubernetes`` package costs the
+  per-node plugin ~15 MiB of its 80 MB budget (bench/import_rss.py);
+- anything else a kubeconfig can say (exec credential plugins, auth
+  providers, proxies, ...) is loaded by the official client, imported only then.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
+import ssl
+import tempfile
+import threading
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from kubernetes import config as kconfig
-from kubernetes.client import ApiClient, Configuration
-from kubernetes.client.exceptions import ApiException
+import urllib3
+import yaml
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class KubeError(Exception):
@@ -46,8 +57,191 @@ class KubeError(Exception):
         return self.status == 409
 
 
-def load_configuration(kubeconfig: str | None = None) -> Configuration:
-    """Kubeconfig file when given (or $KUBECONFIG), else in-cluster config."""
+class Transport(Protocol):
+    """Sends one request; returns (status, reason, body). Raises on connection/TLS failure."""
+
+    host: str
+
+    def send(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+             timeout: float) -> tuple[int, str, bytes]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SimpleConfig:
+    """What the light transport supports: server, CA, and a client certificate or a bearer token."""
+
+    server: str
+    ca_file: str | None = None
+    ca_data: bytes | None = None
+    insecure: bool = False
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_data: bytes | None = None
+    key_data: bytes | None = None
+    token: str | None = None
+    token_file: str | None = None
+
+
+_SIMPLE_USER_KEYS = {"client-certificate", "client-certificate-data", "client-key", "client-key-data",
+                     "token", "tokenFile"}
+_SIMPLE_CLUSTER_KEYS = {"server", "certificate-authority", "certificate-authority-data",
+                        "insecure-skip-tls-verify", "tls-server-name"}
+
+
+def simple_config(kubeconfig: str | None) -> SimpleConfig | None:
+    """The config the light transport can serve, or None when the official client must load it.
+
+    Raises ValueError for a kubeconfig that is unreadable or inconsistent (a clear error, not a fallback).
+    """
+    if not kubeconfig:
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise ValueError("no kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST unset)")
+        if ":" in host:
+            host = f"[{host}]"
+        return SimpleConfig(server=f"https://{host}:{port}", ca_file=str(SA_DIR / "ca.crt"),
+                            token_file=str(SA_DIR / "token"))
+    path = Path(kubeconfig)
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read kubeconfig {kubeconfig}: {e}") from None
+    base = path.parent
+
+    def named(kind: str, name: str) -> dict[str, Any]:
+        for item in doc.get(kind) or []:
+            if item.get("name") == name:
+                return dict(item.get(kind[:-1]) or {})
+        raise ValueError(f"kubeconfig {kubeconfig}: {kind[:-1]} {name!r} not found")
+
+    ctx_name = doc.get("current-context")
+    if not ctx_name:
+        raise ValueError(f"kubeconfig {kubeconfig} has no current-context")
+    ctx = named("contexts", ctx_name)
+    cluster = named("clusters", str(ctx.get("cluster", "")))
+    user = named("users", str(ctx.get("user", ""))) if ctx.get("user") else {}
+    if set(cluster) - _SIMPLE_CLUSTER_KEYS or set(user) - _SIMPLE_USER_KEYS or "tls-server-name" in cluster:
+        return None  # exec plugins, auth providers, proxies...: the official client knows them
+
+    def rel(p: str | None) -> str | None:
+        return None if p is None else str(base / p) if not os.path.isabs(p) else p
+
+    def b64(v: str | None) -> bytes | None:
+        return None if v is None else base64.b64decode(v)
+
+    server = str(cluster.get("server", ""))
+    if not server.startswith("https://"):
+        return None
+    return SimpleConfig(
+        server=server.rstrip("/"), ca_file=rel(cluster.get("certificate-authority")),
+        ca_data=b64(cluster.get("certificate-authority-data")),
+        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        cert_file=rel(user.get("client-certificate")), key_file=rel(user.get("client-key")),
+        cert_data=b64(user.get("client-certificate-data")), key_data=b64(user.get("client-key-data")),
+        token=user.get("token"), token_file=rel(user.get("tokenFile")))
+
+
+class Urllib3Transport:
+    """HTTPS with a client certificate and/or a bearer token that is re-read when its file changes."""
+
+    def __init__(self, cfg: SimpleConfig, pool_size: int = 8) -> None:
+        ctx = ssl.create_default_context(cafile=cfg.ca_file,
+                                         cadata=cfg.ca_data.decode() if cfg.ca_data else None)
+        if cfg.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if cfg.cert_file or cfg.cert_data:
+            _load_client_cert(ctx, cfg)
+        self.host = cfg.server
+        self._cfg = cfg
+        self._token = cfg.token
+        self._token_stamp: float | None = None
+        self._lock = threading.Lock()
+        self._pool = urllib3.PoolManager(num_pools=2, maxsize=pool_size, ssl_context=ctx,
+                                         retries=False)
+
+    def _bearer(self) -> str | None:
+        if not self._cfg.token_file:
+            return self._token
+        with self._lock:  # projected service-account tokens rotate: re-read on change
+            try:
+                stamp = os.stat(self._cfg.token_file).st_mtime
+                if stamp != self._token_stamp:
+                    self._token = Path(self._cfg.token_file).read_text().strip()
+                    self._token_stamp = stamp
+            except OSError as e:
+                log.warning("cannot read token file %s: %s", self._cfg.token_file, e)
+            return self._token
+
+    def send(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+             timeout: float) -> tuple[int, str, bytes]:
+        hdrs = dict(headers)
+        token = self._bearer()
+        if token:
+            hdrs["Authorization"] = f"Bearer {token}"
+        r = self._pool.request(method, self.host + path, body=body, headers=hdrs,
+                               timeout=urllib3.Timeout(total=timeout), redirect=False)
+        return r.status, r.reason or "", r.data
+
+    def close(self) -> None:
+        self._pool.clear()
+
+
+def _load_client_cert(ctx: ssl.SSLContext, cfg: SimpleConfig) -> None:
+    if cfg.cert_file and cfg.key_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        return
+    # ssl only loads certificates from files: write inline data to a private temp dir, load, delete.
+    with tempfile.TemporaryDirectory(prefix="topodra-kube-") as d:
+        cert = Path(cfg.cert_file) if cfg.cert_file else Path(d, "cert.pem")
+        key = Path(cfg.key_file) if cfg.key_file else Path(d, "key.pem")
+        if cfg.cert_data:
+            cert.write_bytes(cfg.cert_data)
+        if cfg.key_data:
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(cfg.key_data)
+        ctx.load_cert_chain(str(cert), str(key))
+
+
+class OfficialTransport:
+    """The official client's transport, for kubeconfigs the light one does not understand."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import config as kconfig
+        from kubernetes.client import ApiClient, Configuration
+
+        cfg = Configuration()
+        kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self._api = ApiClient(cfg)
+        self.host = str(cfg.host)
+
+    def send(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+             timeout: float) -> tuple[int, str, bytes]:
+        from kubernetes.client.exceptions import ApiException
+
+        _m, url, hdrs, _body, _p = self._api.param_serialize(
+            method=method, resource_path=path, header_params=dict(headers), body=None,
+            auth_settings=["BearerToken"])
+        try:
+            resp = self._api.call_api(method, url, header_params=hdrs, body=body, _request_timeout=timeout)
+            resp.read()
+        except ApiException as e:
+            return e.status or 0, e.reason or "", (e.body or b"") if isinstance(e.body, bytes) else \
+                str(e.body or "").encode()
+        return resp.status, resp.reason or "", resp.data or b""
+
+    def close(self) -> None:
+        self._api.close()
+
+
+def load_configuration(kubeconfig: str | None = None) -> Any:
+    """The official client's ``Configuration`` (the controller hands it to kopf's login)."""
+    from kubernetes import config as kconfig
+    from kubernetes.client import Configuration
+
     cfg = Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path:
@@ -57,20 +251,35 @@ def load_configuration(kubeconfig: str | None = None) -> Configuration:
     return cfg
 
 
+def make_transport(kubeconfig: str | None) -> Transport:
+    """The light transport when it can serve the config, else the official client's."""
+    path = kubeconfig or os.environ.get("KUBECONFIG") or None
+    try:
+        cfg = simple_config(path)
+    except ValueError as e:
+        raise KubeError(0, "BadConfig", str(e)) from None
+    if cfg is not None:
+        return Urllib3Transport(cfg)
+    assert path is not None  # in-cluster config is always simple
+    log.info("kubeconfig %s needs the official client (exec/auth-provider/proxy settings)", path)
+    return OfficialTransport(path)
+
+
 class Kube:
     """Blocking JSON access to the API server. Thread-safe (urllib3 pool)."""
 
-    def __init__(self, configuration: Configuration, timeout: float = 15.0) -> None:
-        self._api = ApiClient(configuration)
+    def __init__(self, transport: Transport, timeout: float = 15.0) -> None:
+        self._t = transport
         self._timeout = timeout
-        self.host = configuration.host
+        self.host = transport.host
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None) -> Kube:
-        return cls(load_configuration(kubeconfig))
+        """Kubeconfig file when given (or $KUBECONFIG), else in-cluster service-account config."""
+        return cls(make_transport(kubeconfig))
 
     def close(self) -> None:
-        self._api.close()
+        self._t.close()
 
     def request(
         self,
@@ -82,26 +291,20 @@ class Kube:
     ) -> Obj:
         if query:
             path = f"{path}?{urlencode(query)}"
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": "topodra"}
+        data = None
         if body is not None:
             headers["Content-Type"] = content_type
-        _method, url, hdrs, ser_body, _post = self._api.param_serialize(
-            method=method, resource_path=path, header_params=headers, body=body,
-            auth_settings=["BearerToken"],
-        )
+            data = json.dumps(body).encode()
         try:
-            resp = self._api.call_api(method, url, header_params=hdrs, body=ser_body,
-                                      _request_timeout=self._timeout)
-            resp.read()
-        except ApiException as e:  # transport raises for non-2xx
-            raise _to_error(e.status or 0, e.reason or "", e.body) from None
+            status, reason, raw = self._t.send(method, path, data, headers, self._timeout)
         except Exception as e:  # connection refused, TLS, timeouts
             raise KubeError(0, type(e).__name__, str(e)) from None
-        if resp.status >= 300:
-            raise _to_error(resp.status, resp.reason or "", resp.data)
-        if not resp.data:
+        if status >= 300 or status == 0:
+            raise _to_error(status, reason, raw)
+        if not raw:
             return {}
-        out: Obj = json.loads(resp.data)
+        out: Obj = json.loads(raw)
         return out
 
     def get(self, path: str) -> Obj | None:
