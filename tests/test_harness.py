@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,25 @@ def test_busybox_pod_runs_on_real_node(node_cluster: ClusterHandle) -> None:
              .get("status", {}).get("phase") == "Succeeded", 120, "pod to succeed")
     out = node_cluster.kubectl("logs", "-n", ns, "hello")
     assert out.strip().startswith("hello from")
+
+
+def test_component_failure_names_it_and_shows_its_log(tmp_path: Path) -> None:
+    import localcluster
+
+    lc = localcluster.Cluster(state_dir=tmp_path / "c")
+    lc.state_dir.mkdir()
+    lc._save({"pids": {}})
+    lc.start_process("fake-etcd", ["sh", "-c", "echo 'flag provided but not defined: -bogus'; exit 3"])
+    with pytest.raises(localcluster.ClusterError) as e:
+        lc._wait("fake-etcd", lambda: False, 10)
+    assert "fake-etcd exited during startup" in str(e.value)
+    assert "flag provided but not defined: -bogus" in str(e.value)
+
+
+def test_build_refuses_early_when_disk_is_short(tmp_path: Path) -> None:
+    r = subprocess.run([str(REPO / "hack/build-bins")], capture_output=True, text=True, check=False,
+                       env={**os.environ, "TOPODRA_CACHE": str(tmp_path / "cache"),
+                            "TOPODRA_MIN_FREE_GB": "1000000"})
+    assert r.returncode == 1
+    assert "need 1000000 GiB free for the build" in r.stderr
+    assert not list((tmp_path / "cache").glob("bin-*"))
