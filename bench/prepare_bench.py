@@ -46,7 +46,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +58,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import localcluster  # noqa: E402
 from kubeletstub import KubeletStub  # noqa: E402
+from pluginproc import PluginProcess  # noqa: E402
 
 from topodra import DEFAULT_DRIVER_NAME  # noqa: E402
 from topodra.cdi import spec_path  # noqa: E402
@@ -113,69 +113,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """Memory fields of /proc/<pid>/status in KiB, plus Threads."""
-    out: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "Threads"):
-            out[key] = int(rest.split()[0])
-    return out
+class BenchPlugin(PluginProcess):
+    """The plugin for the kubelet-less bench node, in its own directories and on free ports."""
 
-
-@dataclass
-class BenchPlugin:
-    """The plugin for the kubelet-less bench node, in its own directories."""
-
-    kubeconfig: Path
-    root: Path
-    log_path: Path
-    extra_env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    metrics_port: int = 0
-    health_port: int = 0
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.root / "plugin"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def socket(self) -> Path:
-        return self.plugin_dir / "dra.sock"
-
-    def start(self) -> None:
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = self.log_path.open("ab")
-        argv = [sys.executable, "-m", "topodra.cli", "kubelet-plugin", f"--node-name={NODE}",
-                f"--hardware={HARDWARE}", f"--kubeconfig={self.kubeconfig}", f"--cdi-root={self.cdi_root}",
-                f"--plugin-dir={self.plugin_dir}", f"--registry-dir={self.root / 'registry'}",
-                f"--metrics-port={self.metrics_port}", f"--health-port={self.health_port}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPODRA_")}
-        env.update(self.extra_env, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        log(f"plugin started (pid {self.proc.pid}), log {self.log_path}")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-
-    def metric(self, name: str) -> float | None:
-        """The sum over all label sets of one metric; None when it is not exported."""
-        values = [float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", self.metrics(), re.M)]
-        return sum(values) if values else None
+    def __init__(self, kubeconfig: Path, root: Path, log_path: Path, extra_env: dict[str, str]) -> None:
+        super().__init__(kubeconfig, NODE, log_path, HARDWARE, extra_env, plugin_dir=root / "plugin",
+                         registry_dir=root / "registry", cdi_root=root / "cdi", metrics_port=free_port(),
+                         health_port=free_port(), inherit_topodra_env=False)
 
     def wait_ready(self, timeout: float) -> float:
         """Until the DRA socket serves and the ResourceSlice is published; returns seconds taken."""
@@ -191,27 +135,7 @@ class BenchPlugin:
         raise BenchError(f"plugin not ready after {timeout:.0f}s:\n{self.tail()}")
 
     def sample_rss(self) -> dict[str, int]:
-        return proc_status(self.pid)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        rc = self.proc.returncode
-        self.proc = None
-        return rc
-
-    def tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
+        return localcluster.proc_status(self.pid)
 
 
 class RssSampler:
@@ -519,7 +443,7 @@ def _bench(args: argparse.Namespace, lc: localcluster.Cluster, kube: Kube, workd
                    check=True, capture_output=True)
     plugin = BenchPlugin(lc.admin_kubeconfig, workdir, lc.logs / "topodra-bench-plugin.log",
                          extra_env=dict(args.plugin_env))
-    plugin.start()
+    plugin.start(wait=False)  # no kubelet registers the bench node's plugin
     try:
         ready_s = plugin.wait_ready(90)
         log(f"plugin ready in {ready_s:.1f}s (socket {plugin.socket})")

@@ -325,8 +325,16 @@ def clean_temps(cdi_root: Path, driver_name: str) -> list[Path]:
     return remove_stale_temps(cdi_root, spec_file_prefix(driver_name))
 
 
-def load_specs(dirs: Iterable[str | Path], skip_prefix: str = "") -> list[dict[str, Any]]:
-    """Parse every CDI spec (JSON or YAML) in ``dirs``; unreadable ones are logged and skipped."""
+SpecCache = dict[Path, tuple[tuple[int, int], dict[str, Any] | None]]
+
+
+def load_specs(dirs: Iterable[str | Path], skip_prefix: str = "",
+               cache: SpecCache | None = None) -> list[dict[str, Any]]:
+    """Parse every CDI spec (JSON or YAML) in ``dirs``; unreadable ones are logged and skipped.
+
+    With ``cache`` (path -> ((mtime_ns, size), parsed)), unchanged files are not parsed again:
+    this runs on every prepare, and the NVIDIA toolkit's spec can be large YAML.
+    """
     specs: list[dict[str, Any]] = []
     for directory in dirs:
         try:
@@ -338,10 +346,22 @@ def load_specs(dirs: Iterable[str | Path], skip_prefix: str = "") -> list[dict[s
             if path.suffix not in (".json", ".yaml", ".yml") or ours:
                 continue
             try:
-                doc = yaml.safe_load(path.read_text())
-            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-                log.warning("skipping unreadable CDI spec %s: %s", path, e)
+                st = path.stat()
+            except OSError:
                 continue
-            if isinstance(doc, dict):
+            stamp = (st.st_mtime_ns, st.st_size)
+            hit = cache.get(path) if cache is not None else None
+            if hit is not None and hit[0] == stamp:
+                doc = hit[1]
+            else:
+                try:
+                    loaded = yaml.safe_load(path.read_text())
+                except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                    log.warning("skipping unreadable CDI spec %s: %s", path, e)
+                    loaded = None
+                doc = loaded if isinstance(loaded, dict) else None
+                if cache is not None:
+                    cache[path] = (stamp, doc)
+            if doc is not None:
                 specs.append(doc)
     return specs

@@ -53,7 +53,6 @@ class SlicePublisher:
         self._synced = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_write = 0.0
-        self._dirty = True
 
     # ----- public API
 
@@ -67,7 +66,6 @@ class SlicePublisher:
                 log.info("devices of node %s changed (%d -> %d devices); republishing",
                          self.node_name, len(self._devices), len(new))
             self._devices = new
-            self._dirty = True
             self._synced.clear()
         self._wake.set()
 
@@ -100,7 +98,6 @@ class SlicePublisher:
         """One pass; returns True if it wrote anything. Raises KubeError on API failure."""
         with self._lock:
             devices = self._devices
-            dirty = self._dirty
         if devices is None:
             return False
         if self._node_uid is None:
@@ -116,11 +113,8 @@ class SlicePublisher:
         desired = build_slices(self.driver_name, self.node_name, self._node_uid, devices, self.generation)
         in_sync = (set(existing) == {d["metadata"]["name"] for d in desired}
                    and all(same_content(existing[d["metadata"]["name"]], d) for d in desired))
-        if in_sync and not (dirty and max_gen != self.generation):
-            with self._lock:
-                if self._devices is devices:
-                    self._dirty = False
-            self._synced.set()
+        if in_sync:  # same devices and the same generation in every slice of the pool
+            self._mark_synced(devices)
             return False
         # Something differs: publish everything under a fresh generation.
         wait = self._last_write + self.min_write_interval - time.monotonic()
@@ -142,15 +136,18 @@ class SlicePublisher:
         log.info("published pool %s: %d devices in %d slice(s), generation %d%s", self.node_name,
                  len(devices), len(desired), self.generation,
                  f" (re-created {sorted(missing)})" if missing and existing else "")
-        with self._lock:
-            if self._devices is devices:
-                self._dirty = False
         m = _metrics()
         if m is not None:
             m.PUBLISHED_DEVICES.set(len(devices))
             m.LAST_PUBLISH.set_to_current_time()
-        self._synced.set()
+        self._mark_synced(devices)
         return True
+
+    def _mark_synced(self, devices: list[Device]) -> None:
+        """Synced means the *current* device set is published, not one replaced meanwhile."""
+        with self._lock:
+            if self._devices is devices:
+                self._synced.set()
 
     def _run(self) -> None:
         backoff = 1.0

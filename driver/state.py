@@ -158,6 +158,7 @@ class DeviceState:
         self.state_dir = Path(state_dir)
         self.checkpoint_path = self.state_dir / checkpoint.FILE_NAME
         self.nvidia_spec_dirs = [Path(d) for d in nvidia_spec_dirs]
+        self._spec_cache: cdi.SpecCache = {}
         point = crash_point if crash_point is not None else os.environ.get(CRASH_POINT_ENV) or None
         if point is not None and point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
@@ -415,7 +416,8 @@ class DeviceState:
         return planned
 
     def _nvidia_ids(self) -> dict[str, str]:
-        specs = cdi.load_specs(self.nvidia_spec_dirs, skip_prefix=cdi.spec_file_prefix(self.driver_name))
+        specs = cdi.load_specs(self.nvidia_spec_dirs, skip_prefix=cdi.spec_file_prefix(self.driver_name),
+                               cache=self._spec_cache)
         return cdi.nvidia_gpu_ids(specs, self._devices.values())
 
     def _entry_for(self, c: ClaimRef, planned: list[_Planned],

@@ -188,11 +188,19 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def proc_status(pid: int) -> dict[str, int]:
+    """Memory fields of /proc/<pid>/status in KiB, plus Threads."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "Threads"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
 def rss_mib(pid: int) -> float:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+    with contextlib.suppress(OSError, KeyError):
+        return proc_status(pid)["VmRSS"] / 1024
     return 0.0
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from topodra import cdi
 from topodra.devices import Device, s
@@ -197,3 +199,25 @@ def test_load_specs_reads_json_and_yaml_and_skips_broken(tmp_path: Path,
     specs = cdi.load_specs([a, b, tmp_path / "missing"], skip_prefix=cdi.spec_file_prefix(DRIVER))
     assert sorted(sp["kind"] for sp in specs) == ["nvidia.com/gpu", "x.io/y"]
     assert "broken.yaml" in caplog.text
+
+
+def test_load_specs_cache_parses_a_file_again_only_when_it_changed(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tmp_path / "nvidia.yaml"
+    spec.write_text("kind: nvidia.com/gpu\ndevices: []\n")
+    parsed: list[str] = []
+    real = yaml.safe_load
+
+    def counting(text: str) -> object:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(yaml, "safe_load", counting)
+    cache: cdi.SpecCache = {}
+    for _ in range(3):
+        assert [sp["kind"] for sp in cdi.load_specs([tmp_path], cache=cache)] == ["nvidia.com/gpu"]
+    assert len(parsed) == 1
+    spec.write_text("kind: nvidia.com/gpu\ndevices: [{name: '0'}]\n")
+    os.utime(spec, ns=(spec.stat().st_atime_ns, spec.stat().st_mtime_ns + 1_000_000_000))
+    assert cdi.load_specs([tmp_path], cache=cache)[0]["devices"] == [{"name": "0"}]
+    assert len(parsed) == 2
