@@ -39,7 +39,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -107,19 +106,14 @@ def summarize(samples_s: list[float]) -> dict[str, float | int]:
 # --------------------------------------------------------------------------- plugin process
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class BenchPlugin(PluginProcess):
     """The plugin for the kubelet-less bench node, in its own directories and on free ports."""
 
     def __init__(self, kubeconfig: Path, root: Path, log_path: Path, extra_env: dict[str, str]) -> None:
         super().__init__(kubeconfig, NODE, log_path, HARDWARE, extra_env, plugin_dir=root / "plugin",
-                         registry_dir=root / "registry", cdi_root=root / "cdi", metrics_port=free_port(),
-                         health_port=free_port(), inherit_topodra_env=False)
+                         registry_dir=root / "registry", cdi_root=root / "cdi", metrics_port=localcluster.free_port(),
+                         health_port=localcluster.free_port(), inherit_topodra_env=False)
 
     def wait_ready(self, timeout: float) -> float:
         """Until the DRA socket serves and the ResourceSlice is published; returns seconds taken."""

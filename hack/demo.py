@@ -25,7 +25,6 @@ from typing import Any
 HACK = Path(__file__).resolve().parent
 REPO = HACK.parent
 sys.path.insert(0, str(HACK))
-sys.path.insert(0, str(REPO / "tests"))
 
 import localcluster  # noqa: E402
 from pluginproc import CDI_ROOT, PLUGIN_DIR, REGISTRY_DIR  # noqa: E402

@@ -174,6 +174,27 @@ def port_holder(port: int) -> str | None:
     return out or "unknown process"
 
 
+# Ports for test and bench listeners: below Linux's ephemeral range (32768-60999), so the
+# kernel never hands them to an outgoing connection (an apiserver->etcd socket in TIME_WAIT
+# on a port in that range once broke every plugin e2e test). Above the cluster's own ports.
+FREE_PORT_RANGE = (20000, 32000)
+
+
+def free_port() -> int:
+    """A loopback TCP port in FREE_PORT_RANGE that nothing is bound to right now."""
+    import random
+
+    lo, hi = FREE_PORT_RANGE
+    for port in random.sample(range(lo, hi), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ClusterError(f"no free loopback port in {lo}-{hi} after 200 tries")
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import pytest
 import yaml
 from conftest import REPO, ClusterHandle, wait_for
 from kubeletstub import KubeletStub
+from localcluster import free_port
 
 from topodra.cdi import spec_path
 from topodra.controller import main as controller_main
@@ -240,11 +240,6 @@ def kubectl_as(nc: ClusterHandle, kubeconfig: Path, *args: str) -> subprocess.Co
     return subprocess.run([str(nc.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
                           capture_output=True, text=True, timeout=60, check=False)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:

@@ -24,8 +24,9 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 POD_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,62}$")
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
-DEFAULT_HEALTH_PORT = 51515
-DEFAULT_METRICS_PORT = 51516
+# Below Linux's ephemeral range (32768-60999), so an outgoing connection can never hold them.
+DEFAULT_HEALTH_PORT = 9415
+DEFAULT_METRICS_PORT = 9416
 
 
 class ConfigError(ValueError):

@@ -212,9 +212,12 @@ class ProbeServer:
                                    maximum_concurrent_rpcs=8)
         add: Callable[[Any, Any], None] = health_pb2_grpc.add_HealthServicer_to_server
         add(self.servicer, self._server)
-        self.port: int = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        try:
+            self.port: int = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+            self.port = 0
         if not self.port:
-            raise OSError(f"cannot listen on 127.0.0.1:{port} for the health service")
+            raise OSError(f"cannot listen on 127.0.0.1:{port} for the health service (address in use?)")
 
     def start(self) -> None:
         self._server.start()

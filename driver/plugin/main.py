@@ -125,12 +125,25 @@ class Plugin:
             self.publisher = publisher
 
             if cfg.metrics_port:
-                httpd = metrics.serve(cfg.metrics_port)
-                stack.callback(httpd.server_close)
-                stack.callback(httpd.shutdown)
-                self.metrics_port = httpd.server_port
+                try:
+                    httpd = metrics.serve(cfg.metrics_port)
+                except OSError as e:
+                    # /metrics is optional: the kubelet must keep its plugin, so no crash loop over it.
+                    log.error("metrics endpoint is off: cannot listen on 127.0.0.1:%d (%s); another process "
+                              "holds the port. Set --metrics-port / TOPODRA_METRICS_PORT to a free port, or 0 "
+                              "to disable. The kubelet plugin keeps serving.", cfg.metrics_port, e)
+                else:
+                    stack.callback(httpd.server_close)
+                    stack.callback(httpd.shutdown)
+                    self.metrics_port = httpd.server_port
             if cfg.health_port:
-                probe = ProbeServer(cfg.health_port, server.problem)
+                try:
+                    probe = ProbeServer(cfg.health_port, server.problem)
+                except OSError as e:
+                    # Fatal: the exec probes dial this port, and would otherwise ask whoever holds it.
+                    raise ConfigError(f"--health-port {cfg.health_port}: {e}; another process holds the port. "
+                                      "Set --health-port / TOPODRA_HEALTH_PORT to a free port, or 0 to turn "
+                                      "the health service off.") from e
                 probe.start()
                 stack.callback(probe.stop)
                 self.probe_port = probe.port

@@ -11,14 +11,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from localcluster import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "gpu.topodra.io"
 PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER
 REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 CDI_ROOT = Path("/var/run/cdi")
 DRA_SOCKET = PLUGIN_DIR / "dra.sock"
-METRICS_PORT = 51526
-HEALTH_PORT = 51525
 
 
 class PluginProcess:
@@ -31,7 +31,7 @@ class PluginProcess:
     def __init__(self, kubeconfig: str | Path, node_name: str, log_path: Path, hardware: str = "mock:dgx-h100",
                  extra_env: dict[str, str] | None = None, *, plugin_dir: Path = PLUGIN_DIR,
                  registry_dir: Path = REGISTRY_DIR, cdi_root: Path = CDI_ROOT,
-                 metrics_port: int = METRICS_PORT, health_port: int = HEALTH_PORT,
+                 metrics_port: int | None = None, health_port: int | None = None,
                  inherit_topodra_env: bool = True) -> None:
         self.kubeconfig = str(kubeconfig)
         self.node_name = node_name
@@ -39,7 +39,9 @@ class PluginProcess:
         self.hardware = hardware
         self.extra_env = dict(extra_env or {})
         self.plugin_dir, self.registry_dir, self.cdi_root = plugin_dir, registry_dir, cdi_root
-        self.metrics_port, self.health_port = metrics_port, health_port
+        # Chosen free at run time, below the ephemeral range (localcluster.free_port).
+        self.metrics_port = metrics_port or free_port()
+        self.health_port = health_port or free_port()
         self.inherit_topodra_env = inherit_topodra_env
         self.proc: subprocess.Popen[bytes] | None = None
 
