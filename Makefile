@@ -22,9 +22,9 @@ lint: venv
 	$(VENV)/bin/ruff check $(wildcard driver tests hack bench)
 
 typecheck: venv
-	mkdir -p .mypy-src && ln -sfn ../driver .mypy-src/topodra
-	$(VENV)/bin/mypy -p topodra
-	MYPYPATH=.mypy-src:tests:hack $(VENV)/bin/mypy tests hack/localcluster.py hack/demo.py bench/prepare_bench.py bench/import_rss.py
+	$(VENV)/bin/mypy driver/topodra
+	MYPYPATH=driver:tests:hack $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
+		bench/prepare_bench.py bench/import_rss.py
 
 test: venv bins lint typecheck
 	$(VENV)/bin/pytest -q -ra --durations=15 tests

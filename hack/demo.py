@@ -104,7 +104,7 @@ def main() -> int:
     wait(lambda: list(kube.list(slices_path(), field_selector=f"spec.nodeName={lc.node_name}")), 60,
          "the plugin's ResourceSlice")
     kubectl(lc, "apply", "-f", str(REPO / "deviceclasses"))
-    kubectl(lc, "apply", "-f", str(REPO / "driver/crds"))
+    kubectl(lc, "apply", "-f", str(REPO / "deploy/crds"))
     if kube.get(f"/api/v1/namespaces/{NS}") is None:
         kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     wait(lambda: kube.get(f"/api/v1/namespaces/{NS}/serviceaccounts/default"), 30, "default ServiceAccount")

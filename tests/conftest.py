@@ -61,7 +61,7 @@ class ClusterHandle:
     def install_claimprofile_crd(self) -> None:
         """Apply the ClaimProfile CRD and wait until the apiserver serves it."""
         name = "claimprofiles.topodra.io"
-        self.apply_yaml(REPO / "driver" / "crds" / f"{name}.yaml")
+        self.apply_yaml(REPO / "deploy" / "crds" / f"{name}.yaml")
 
         def established() -> bool:
             obj = self.kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}

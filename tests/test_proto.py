@@ -24,7 +24,7 @@ from topodra.pb.pluginregistration.v1 import api_pb2 as reg_pb2
 from topodra.pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 REPO = Path(__file__).resolve().parent.parent
-PB_DIR = REPO / "driver" / "pb"
+PB_DIR = REPO / "driver" / "topodra" / "pb"
 
 
 def _files(root: Path) -> set[Path]:
