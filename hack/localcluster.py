@@ -54,6 +54,49 @@ class ClusterError(RuntimeError):
     """A clear, user-facing failure: which component, what happened, the log tail."""
 
 
+# --------------------------------------------------------------------------- scheduler configuration
+
+SCHEDULER_CONFIG_API = "kubescheduler.config.k8s.io/v1"
+# Extender scores are 0..10 and the scheduler multiplies them by weight * 10 (MaxNodeScore /
+# MaxExtenderPriority). With weight 5 one step of the scorer's scale is worth 50 points: more than the
+# whole spread LeastAllocated + BalancedAllocation put between nodes that differ by one GPU job's
+# CPU/memory share (a few points each), yet the full 0..10 range (500) does not outweigh a required
+# filter -- extenders never override filters -- only the default scores.
+SCHEDULER_EXTENDER_WEIGHT = 5
+
+
+def extender_stanza(url: str, weight: int = SCHEDULER_EXTENDER_WEIGHT) -> dict[str, Any]:
+    """The ``extenders[]`` entry for topodra's placement scorer: prioritize only, never a veto."""
+    if not url.startswith(("http://", "https://")):
+        raise ClusterError(f"scheduler extender URL must start with http:// or https://, got {url!r}")
+    return {"urlPrefix": url.rstrip("/"), "prioritizeVerb": "prioritize", "weight": weight,
+            "nodeCacheCapable": True, "ignorable": True, "httpTimeout": "1s", "enableHTTPS": False}
+
+
+def scheduler_configuration(base: dict[str, Any] | None, kubeconfig: Path,
+                            extender: str | None = None) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration the harness runs: ``base`` plus our kubeconfig (and extender).
+
+    Pure. ``base`` must not carry ``clientConnection``: the harness owns the credentials.
+    """
+    import copy
+
+    cfg: dict[str, Any] = copy.deepcopy(base) if base else {
+        "apiVersion": SCHEDULER_CONFIG_API, "kind": "KubeSchedulerConfiguration"}
+    if not isinstance(cfg, dict) or cfg.get("kind") != "KubeSchedulerConfiguration" \
+            or cfg.get("apiVersion") != SCHEDULER_CONFIG_API:
+        raise ClusterError(f"scheduler config must be a KubeSchedulerConfiguration of apiVersion "
+                           f"{SCHEDULER_CONFIG_API}, got kind={cfg.get('kind') if isinstance(cfg, dict) else cfg!r} "
+                           f"apiVersion={cfg.get('apiVersion') if isinstance(cfg, dict) else None!r}")
+    if "clientConnection" in cfg:
+        raise ClusterError("scheduler config must not set clientConnection: the harness fills in its kubeconfig")
+    cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    cfg.setdefault("leaderElection", {"leaderElect": False})
+    if extender:
+        cfg["extenders"] = [*(cfg.get("extenders") or []), extender_stanza(extender)]
+    return cfg
+
+
 def log(msg: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -392,15 +435,21 @@ class Cluster:
             if self.containerd_sock.exists() and procs_matching(str(self.containerd_sock)):
                 raise ClusterError(f"a containerd already serves {self.containerd_sock}")
 
-    def up(self, node: bool = False, fake_nodes: int = 0, build: bool = True) -> None:
+    def up(self, node: bool = False, fake_nodes: int = 0, build: bool = True,
+           scheduler_config: dict[str, Any] | None = None, scheduler_extender: str | None = None) -> None:
+        """Start the cluster. ``scheduler_config`` (a KubeSchedulerConfiguration without
+        clientConnection) and ``scheduler_extender`` (a prioritize-only extender URL) shape kube-scheduler."""
         t0 = time.monotonic()
+        if scheduler_config is not None or scheduler_extender:
+            # Fail on a bad config before anything starts.
+            scheduler_configuration(scheduler_config, Path("kubeconfig"), scheduler_extender)
         bins = bin_dir(build)
         self.preflight(node)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._save({"pids": {}, "bin_dir": str(bins), "node": node, "node_name": self.node_name,
                     "started": time.time()})
         try:
-            self._up_control_plane(bins)
+            self._up_control_plane(bins, scheduler_config, scheduler_extender)
             log(f"control plane ready in {time.monotonic() - t0:.1f}s")
             if node:
                 t1 = time.monotonic()
@@ -414,7 +463,8 @@ class Cluster:
             raise
         log(f"cluster up in {time.monotonic() - t0:.1f}s")
 
-    def _up_control_plane(self, bins: Path) -> None:
+    def _up_control_plane(self, bins: Path, scheduler_config: dict[str, Any] | None = None,
+                          scheduler_extender: str | None = None) -> None:
         _pki(self.pki, self.node_name)
         for ident in ("admin", "kube-controller-manager", "kube-scheduler", "node"):
             _kubeconfig(self.state_dir / f"{ident}.kubeconfig", self.pki, ident)
@@ -455,16 +505,59 @@ class Cluster:
             # Kubelet-less fake nodes never heartbeat: a long grace period keeps them Ready while the
             # node lifecycle controller still removes the not-ready taint as on a real cluster.
             "--node-monitor-grace-period=8760h", "--controllers=*"])
-        self.start_process("kube-scheduler", [
-            str(bins / "kube-scheduler"), *common,
-            f"--kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={self.state_dir / 'kube-scheduler.kubeconfig'}"])
+        self._start_scheduler(bins, scheduler_config, scheduler_extender)
         self._wait("kube-controller-manager", lambda: self._https_ok(10257, "/healthz"), 90)
         self._wait("kube-scheduler", lambda: self._https_ok(10259, "/healthz"), 90)
         # The default namespace's ServiceAccount shows the controller-manager is really working.
         self._wait("kube-controller-manager", lambda: bool(
             self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default")), 60)
+
+    # ----- scheduler
+
+    def _start_scheduler(self, bins: Path, scheduler_config: dict[str, Any] | None,
+                         scheduler_extender: str | None) -> None:
+        kubeconfig = self.state_dir / "kube-scheduler.kubeconfig"
+        argv = [str(bins / "kube-scheduler"), "--bind-address=127.0.0.1", "--profiling=false", "--v=1",
+                f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}"]
+        meta = self.meta()
+        if scheduler_config is None and not scheduler_extender:
+            argv += ["--leader-elect=false", f"--kubeconfig={kubeconfig}"]
+            meta.pop("scheduler_config", None)
+        else:
+            cfg = scheduler_configuration(scheduler_config, kubeconfig, scheduler_extender)
+            path = self.state_dir / "kube-scheduler-config.yaml"
+            path.write_text(json.dumps(cfg, indent=2))  # JSON is valid YAML
+            argv.append(f"--config={path}")
+            meta["scheduler_config"] = cfg
+        self._save(meta)
+        self.start_process("kube-scheduler", argv)
+
+    def restart_scheduler(self, scheduler_config: dict[str, Any] | None = None,
+                          scheduler_extender: str | None = None) -> None:
+        """Run kube-scheduler again with another configuration (stock when both are None).
+
+        Lets one running cluster compare scheduling policies; waits until the new one is healthy.
+        """
+        scheduler_configuration(scheduler_config, Path("kubeconfig"), scheduler_extender)  # validate first
+        pid = self.running().get("kube-scheduler")
+        if pid:
+            self._stop("kube-scheduler", pid)
+        self._start_scheduler(Path(self.meta()["bin_dir"]), scheduler_config, scheduler_extender)
+        self._wait("kube-scheduler", lambda: self._https_ok(10259, "/healthz"), 90)
+
+    def scheduler_metrics(self, timeout: float = 10) -> str:
+        """kube-scheduler's Prometheus text (e.g. ``scheduler_pending_pods``), read as the admin."""
+        with urllib.request.urlopen("https://127.0.0.1:10259/metrics", context=self._scheduler_ssl(),
+                                    timeout=timeout) as r:
+            return str(r.read().decode())
+
+    def _scheduler_ssl(self) -> ssl.SSLContext:
+        # The scheduler serves a self-signed certificate of its own: authenticate us, not it (loopback).
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
 
     # ----- node
 
@@ -739,6 +832,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--node", action="store_true", help="also start containerd + a real kubelet")
     up.add_argument("--fake-nodes", type=int, default=0, metavar="N", help="add N kubelet-less Ready nodes")
     up.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
+    up.add_argument("--scheduler-config", metavar="PATH.yaml", default=None,
+                    help="run kube-scheduler with this KubeSchedulerConfiguration (without clientConnection)")
+    up.add_argument("--scheduler-extender", metavar="URL", default=None,
+                    help="add topodra's placement scorer at URL as a prioritize-only, ignorable extender")
     down = sub.add_parser("down", help="stop everything this harness started and remove its state")
     down.add_argument("--keep-logs", action="store_true", help="copy component logs aside before removing state")
     sub.add_parser("status", help="say what is running")
@@ -748,7 +845,16 @@ def main(argv: list[str] | None = None) -> int:
     c = Cluster()
     try:
         if args.cmd == "up":
-            c.up(node=args.node, fake_nodes=args.fake_nodes, build=not args.no_build)
+            sched_cfg = None
+            if args.scheduler_config:
+                import yaml
+
+                try:
+                    sched_cfg = yaml.safe_load(Path(args.scheduler_config).read_text())
+                except (OSError, yaml.YAMLError) as e:
+                    raise ClusterError(f"cannot read scheduler config {args.scheduler_config}: {e}") from None
+            c.up(node=args.node, fake_nodes=args.fake_nodes, build=not args.no_build,
+                 scheduler_config=sched_cfg, scheduler_extender=args.scheduler_extender)
             print(f"export KUBECONFIG={c.admin_kubeconfig}")
         elif args.cmd == "down":
             c.down(keep_logs=args.keep_logs)
