@@ -60,8 +60,9 @@ from kubeletstub import KubeletStub  # noqa: E402
 from pluginproc import PluginProcess  # noqa: E402
 
 from topodra import DEFAULT_DRIVER_NAME  # noqa: E402
+from topodra.apipaths import claim_path, slices_path  # noqa: E402
 from topodra.cdi import spec_path  # noqa: E402
-from topodra.kube import Kube, KubeError, claim_path, slices_path  # noqa: E402
+from topodra.kube import Kube, KubeError  # noqa: E402
 
 LOCK_FILE = "/tmp/topodra-test-cluster.lock"
 DRIVER = DEFAULT_DRIVER_NAME

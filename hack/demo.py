@@ -29,7 +29,8 @@ sys.path.insert(0, str(HACK))
 import localcluster  # noqa: E402
 from pluginproc import CDI_ROOT, PLUGIN_DIR, REGISTRY_DIR  # noqa: E402
 
-from topodra.kube import Kube, KubeError, claim_path, slices_path  # noqa: E402
+from topodra.apipaths import claim_path, slices_path  # noqa: E402
+from topodra.kube import Kube, KubeError  # noqa: E402
 
 NS = "topodra-demo"
 R = "/apis/resource.k8s.io/v1"

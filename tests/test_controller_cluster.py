@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import ClusterHandle, wait_for
 
-from topodra.controller.operator import template_path
+from topodra.apipaths import template_path
 from topodra.controller.render import HASH_ANNOTATION
 from topodra.kube import KubeError
 

@@ -1,17 +1,20 @@
-"""Reconcile logic against an in-memory API, status building and leader-election decisions."""
+"""Reconcile logic against an in-memory API, status building and leader election (the official library's)."""
 
 from __future__ import annotations
 
 import builtins
 import copy
 import itertools
+import types
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from kubernetes.leaderelection import electionconfig, leaderelection
 
-from topodra.controller.leader import LeaseElector, decide, lease_object, lease_path
+from topodra.apipaths import device_class_path, lease_path, profile_path, slices_path, template_path
+from topodra.controller.leader import KubeLeaseLock, lease_object, record_from_lease, record_time, wire_time
 from topodra.controller.operator import (
     ControllerConfig,
     Outcome,
@@ -20,7 +23,6 @@ from topodra.controller.operator import (
     delete_template,
     process,
     reconcile,
-    template_path,
 )
 from topodra.controller.render import HASH_ANNOTATION
 from topodra.deviceclasses import catalog, to_device_class
@@ -30,8 +32,36 @@ Obj = dict[str, Any]
 _uids = itertools.count(1)
 
 
+def _selector_terms(selector: str | None) -> list[tuple[str, str, str]]:
+    """``a=b,c!=d`` as (key, op, value) terms; anything else (set-based, existence) is refused, not ignored."""
+    terms = []
+    for term in filter(None, (selector or "").split(",")):
+        for op in ("!=", "==", "="):
+            if op in term:
+                key, value = term.split(op, 1)
+                terms.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
+                break
+        else:
+            raise ValueError(f"FakeKube: unsupported selector term {term!r}")
+    return terms
+
+
+def _field(obj: Obj, dotted: str) -> str:
+    cur: Any = obj
+    for part in dotted.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def _selected(obj: Obj, label_selector: str | None, field_selector: str | None) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    checks = [(labels.get(k, ""), op, v) for k, op, v in _selector_terms(label_selector)]
+    checks += [(_field(obj, k), op, v) for k, op, v in _selector_terms(field_selector)]
+    return all((have == want) == (op == "=") for have, op, want in checks)
+
+
 class FakeKube:
-    """Just enough of topodra.kube.Kube: objects by path, collections by prefix."""
+    """Just enough of topodra.kube.Kube: objects by path, collections by prefix, equality selectors honoured."""
 
     def __init__(self) -> None:
         self.objs: dict[str, Obj] = {}
@@ -54,7 +84,7 @@ class FakeKube:
              field_selector: str | None = None) -> Iterator[Obj]:
         self.calls.append(("LIST", path))
         for p, o in list(self.objs.items()):
-            if p.rsplit("/", 1)[0] == path:
+            if p.rsplit("/", 1)[0] == path and _selected(o, label_selector, field_selector):
                 yield copy.deepcopy(o)
 
     def create(self, path: str, obj: Obj) -> Obj:
@@ -100,14 +130,14 @@ class FakeKube:
 
 
 CFG = ControllerConfig(snapshot_ttl_s=0)
-PROFILES = "/apis/topodra.io/v1alpha1/namespaces/ml/claimprofiles"
+PROFILES = profile_path("ml")
 
 
 @pytest.fixture
 def kube() -> FakeKube:
     k = FakeKube()
     for spec in catalog():
-        k.create("/apis/resource.k8s.io/v1/deviceclasses", to_device_class(spec))
+        k.create(device_class_path(), to_device_class(spec))
     return k
 
 
@@ -160,7 +190,7 @@ def test_unknown_device_class_writes_no_template(kube: FakeKube) -> None:
     assert [(e["type"], e["reason"], e["involvedObject"]["name"]) for e in events] == [
         ("Warning", "UnknownDeviceClass", "train")]
     # the class appears later: the next pass (refresh loop) makes the template and clears Invalid
-    kube.create("/apis/resource.k8s.io/v1/deviceclasses", {"metadata": {"name": "gpu-x999"}})
+    kube.create(device_class_path(), {"metadata": {"name": "gpu-x999"}})
     fresh = kube.get(f"{PROFILES}/train")
     assert fresh is not None
     out = process(kube, fresh, CFG, SnapshotCache(CFG))  # type: ignore[arg-type]
@@ -240,56 +270,112 @@ def test_transient_api_errors_propagate_for_retry(kube: FakeKube) -> None:
         reconcile(kube, body, CFG)  # type: ignore[arg-type]
 
 
-# --- leader election ---------------------------------------------------------------------------
+# --- leader election: kubernetes.leaderelection driving our Kube-backed Lease lock ---------------
 
-def lease(holder: str, duration: int = 15) -> Obj:
-    return {"metadata": {"resourceVersion": "7"}, "spec": {"holderIdentity": holder,
-                                                           "leaseDurationSeconds": duration}}
-
-
-def test_decide() -> None:
-    assert decide(None, "me", 0) == "create"
-    assert decide(lease("me"), "me", 100) == "renew"
-    assert decide(lease(""), "me", 0) == "acquire"
-    assert decide(lease("other"), "me", 10) == "wait"
-    assert decide(lease("other"), "me", 16) == "acquire"
+def test_record_times_round_trip() -> None:
+    wire = "2026-01-01T12:00:00.123456Z"
+    assert wire_time(record_time(wire)) == wire
+    local = str(datetime(2026, 1, 1, 12, 0, 0))  # what the library writes: naive local, no microseconds here
+    assert record_time(wire_time(local)) == local
 
 
-def test_lease_object_transitions() -> None:
-    now = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-    created = lease_object("ns", "l", "me", 15, now, None, "create")
-    assert created["spec"] == {"acquireTime": "2026-01-01T12:00:00.123456Z", "leaseTransitions": 0,
-                               "holderIdentity": "me", "leaseDurationSeconds": 15,
-                               "renewTime": "2026-01-01T12:00:00.123456Z"}
-    taken = lease_object("ns", "l", "me", 15, now, lease("other"), "acquire")
-    assert taken["spec"]["leaseTransitions"] == 1 and taken["metadata"]["resourceVersion"] == "7"
+def test_lease_object_counts_holder_changes() -> None:
+    rec = types.SimpleNamespace(holder_identity="me", lease_duration="15", acquire_time="2026-01-01 12:00:00",
+                                renew_time="2026-01-01 12:00:01.5")
+    created = lease_object("ns", "l", rec, None)
+    assert created["spec"]["leaseTransitions"] == 0
+    assert (created["spec"]["holderIdentity"], created["spec"]["leaseDurationSeconds"]) == ("me", 15)
+    assert created["spec"]["renewTime"] == wire_time("2026-01-01 12:00:01.5")
+    held = {"metadata": {"resourceVersion": "7"}, "spec": {"holderIdentity": "other", "leaseTransitions": 2}}
+    taken = lease_object("ns", "l", rec, held)
+    assert taken["spec"]["leaseTransitions"] == 3 and taken["metadata"]["resourceVersion"] == "7"
+    renewed = lease_object("ns", "l", rec, {"metadata": {"resourceVersion": "8"}, "spec": taken["spec"]})
+    assert renewed["spec"]["leaseTransitions"] == 3
+    released = record_from_lease({"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}})
+    assert released.holder_identity is None  # the library acquires a released Lease at once
 
 
-def test_two_electors_one_leader_and_takeover_after_expiry() -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Drive the library's wall clock (it reads time.time() for expiry)."""
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(leaderelection, "time", types.SimpleNamespace(time=lambda: now[0], sleep=lambda _s: None))
+    return now
+
+
+def candidate(kube: FakeKube, identity: str) -> tuple[Any, KubeLeaseLock]:
+    lock = KubeLeaseLock(kube, "ns", "ctl", identity)  # type: ignore[arg-type]
+    cfg = electionconfig.Config(lock, lease_duration=15, renew_deadline=10, retry_period=2,
+                                onstarted_leading=lambda: None, onstopped_leading=lambda: None)
+    return leaderelection.LeaderElection(cfg), lock
+
+
+def holder(kube: FakeKube) -> str:
+    return str(kube.objs[lease_path("ns", "ctl")]["spec"]["holderIdentity"])
+
+
+def test_one_leader_and_takeover_after_expiry(clock: list[float]) -> None:
     kube = FakeKube()
-    clock = [0.0]
-    a = LeaseElector(kube, "ns", "ctl", "a", duration_s=15, clock=lambda: clock[0])  # type: ignore[arg-type]
-    b = LeaseElector(kube, "ns", "ctl", "b", duration_s=15, clock=lambda: clock[0])  # type: ignore[arg-type]
+    a, _ = candidate(kube, "a")
+    b, _ = candidate(kube, "b")
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew()
-    clock[0] = 10
+    clock[0] += 10
     assert a.try_acquire_or_renew()  # renewal changes renewTime: b restarts its expiry timer
     assert not b.try_acquire_or_renew()
-    clock[0] = 20
+    clock[0] += 10
     assert not b.try_acquire_or_renew()  # only 10 s since b saw a change
-    clock[0] = 26
+    clock[0] += 6
     assert b.try_acquire_or_renew()  # a stopped renewing 16 s ago
-    assert kube.objs[lease_path("ns", "ctl")]["spec"]["holderIdentity"] == "b"
-    assert not a.try_acquire_or_renew()
+    assert holder(kube) == "b"
+    assert kube.objs[lease_path("ns", "ctl")]["spec"]["leaseTransitions"] == 1
+    assert not a.try_acquire_or_renew()  # a sees b's record as new: it waits
+    assert holder(kube) == "b"
 
 
-def test_release_hands_over_at_once() -> None:
+def test_concurrent_writers_conflict_instead_of_both_winning(clock: list[float]) -> None:
     kube = FakeKube()
-    a = LeaseElector(kube, "ns", "ctl", "a")  # type: ignore[arg-type]
-    b = LeaseElector(kube, "ns", "ctl", "b")  # type: ignore[arg-type]
+    a, lock_a = candidate(kube, "a")
+    b, _ = candidate(kube, "b")
     assert a.try_acquire_or_renew()
-    a.release()
-    assert b.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # b starts watching a's record
+    clock[0] += 20
+    assert lock_a.get("ctl", "ns")[0]  # a reads the lease, then b writes before a does
+    assert b.try_acquire_or_renew()  # b takes the expired lease
+    stale = kube.objs[lease_path("ns", "ctl")]["metadata"]["resourceVersion"]
+    assert not lock_a.update("ctl", "ns", types.SimpleNamespace(
+        holder_identity="a", lease_duration="15", acquire_time=str(datetime.now()), renew_time=str(datetime.now())))
+    assert holder(kube) == "b" and kube.objs[lease_path("ns", "ctl")]["metadata"]["resourceVersion"] == stale
+
+
+def test_release_hands_over_at_once_and_stops_renewal(clock: list[float]) -> None:
+    kube = FakeKube()
+    a, lock_a = candidate(kube, "a")
+    b, _ = candidate(kube, "b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    lock_a.release()
+    assert not a.try_acquire_or_renew()  # the library's renew thread cannot take a released lease back
+    assert b.try_acquire_or_renew()  # no wait for the lease duration
+    assert holder(kube) == "b"
+    lock_a.release()  # releasing a lease held by another replica changes nothing
+    assert holder(kube) == "b"
+
+
+def test_fake_kube_honours_selectors() -> None:
+    kube = FakeKube()
+    for name, driver, labels in [("a", "gpu.topodra.io", {"x": "1"}), ("b", "other.io", {"x": "2"})]:
+        kube.create(slices_path(), {"metadata": {"name": name, "labels": labels}, "spec": {"driver": driver}})
+
+    def names(**kw: str) -> list[str]:
+        return [o["metadata"]["name"] for o in kube.list(slices_path(), **kw)]
+
+    assert names() == ["a", "b"]
+    assert names(field_selector="spec.driver=gpu.topodra.io") == ["a"]
+    assert names(field_selector="spec.driver!=gpu.topodra.io") == ["b"]
+    assert names(label_selector="x==2") == ["b"]
+    with pytest.raises(ValueError, match="unsupported selector"):
+        names(label_selector="x in (1,2)")
 
 
 # --- command line -------------------------------------------------------------------------------

@@ -24,10 +24,9 @@ from conftest import REPO, ClusterHandle, wait_for
 from kubeletstub import KubeletStub
 from localcluster import free_port
 
+from topodra.apipaths import claim_path, slices_path, template_path
 from topodra.cdi import spec_path
 from topodra.controller import main as controller_main
-from topodra.controller.operator import template_path
-from topodra.kube import claim_path, slices_path
 from topodra.plugin import config as plugin_config
 
 DEPLOY = REPO / "deploy"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from topodra import deviceclasses as dc
-from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch
+from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 REPO = Path(__file__).resolve().parent.parent
 CLASS_DIR = REPO / "deviceclasses"

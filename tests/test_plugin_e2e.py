@@ -21,7 +21,7 @@ from conftest import REPO, ClusterHandle, wait_for
 from kubeletstub import KubeletStub
 from pluginproc import CDI_ROOT, DRA_SOCKET, DRIVER, PLUGIN_DIR, PluginProcess
 
-from topodra.kube import claim_path, slices_path
+from topodra.apipaths import claim_path, slices_path
 from topodra.simulate import SimulatedCluster, Simulation
 
 pytestmark = pytest.mark.node

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, ClusterHandle, wait_for
 from test_scheduling_topology import NUMA, Scenario, apply_example, one, scenario_maker
 
-from topodra.controller.operator import profile_path, template_path
+from topodra.apipaths import profile_path, template_path
 from topodra.controller.profile import ClaimProfile
 from topodra.controller.render import claim_spec, render_template
 from topodra.kube import KubeError

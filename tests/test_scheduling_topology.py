@@ -24,7 +24,8 @@ import pytest
 import yaml
 from conftest import REPO, ClusterHandle, wait_for
 
-from topodra.kube import KubeError, slices_path
+from topodra.apipaths import slices_path
+from topodra.kube import KubeError
 from topodra.simulate import SimulatedCluster, Simulation
 
 pytestmark = pytest.mark.cluster

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import REPO, ClusterHandle
 
-from topodra.kube import slices_path
+from topodra.apipaths import slices_path
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster, plan
 
 DRIVER = "gpu.topodra.io"

@@ -7,8 +7,9 @@ import time
 import pytest
 from conftest import ClusterHandle, wait_for
 
+from topodra.apipaths import slices_path
 from topodra.devices import Device, i, s
-from topodra.kube import KubeError, slices_path
+from topodra.kube import KubeError
 from topodra.publisher import SlicePublisher
 from topodra.slices import build_slices, device_sort_key, same_content
 

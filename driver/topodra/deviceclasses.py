@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from topodra import DEFAULT_DRIVER_NAME
-from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch
+from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     if args.all:
         objs = [to_device_class(s, args.driver_name) for s in catalog(args.driver_name)]
     else:
-        from topodra.kube import Kube, KubeError, slices_path
+        from topodra.apipaths import slices_path
+        from topodra.kube import Kube, KubeError
 
         try:
             kube = Kube.from_kubeconfig(args.kubeconfig)

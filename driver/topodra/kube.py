@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import urllib3
 import yaml
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
-RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -64,6 +63,10 @@ class Transport(Protocol):
 
     def send(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
              timeout: float) -> tuple[int, str, bytes]: ...
+
+    def stream(self, path: str, headers: dict[str, str], timeout: float) -> Iterator[bytes]:
+        """GET ``path`` and yield the body line by line (watch streams); KubeError on HTTP errors."""
+        ...
 
     def close(self) -> None: ...
 
@@ -185,6 +188,20 @@ class Urllib3Transport:
                                timeout=urllib3.Timeout(total=timeout), redirect=False)
         return r.status, r.reason or "", r.data
 
+    def stream(self, path: str, headers: dict[str, str], timeout: float) -> Iterator[bytes]:
+        hdrs = dict(headers)
+        token = self._bearer()
+        if token:
+            hdrs["Authorization"] = f"Bearer {token}"
+        r = self._pool.request("GET", self.host + path, headers=hdrs, preload_content=False,
+                               timeout=urllib3.Timeout(connect=15.0, read=timeout), redirect=False)
+        try:
+            if r.status >= 300:
+                raise _to_error(r.status, r.reason or "", r.read())
+            yield from r
+        finally:
+            r.release_conn()
+
     def close(self) -> None:
         self._pool.clear()
 
@@ -232,6 +249,24 @@ class OfficialTransport:
             return e.status or 0, e.reason or "", (e.body or b"") if isinstance(e.body, bytes) else \
                 str(e.body or "").encode()
         return resp.status, resp.reason or "", resp.data or b""
+
+    def stream(self, path: str, headers: dict[str, str], timeout: float) -> Iterator[bytes]:
+        from kubernetes.client.exceptions import ApiException
+
+        _m, url, hdrs, _body, _p = self._api.param_serialize(
+            method="GET", resource_path=path, header_params=dict(headers), body=None,
+            auth_settings=["BearerToken"])
+        try:
+            resp = self._api.call_api("GET", url, header_params=hdrs, _request_timeout=(15.0, timeout))
+        except ApiException as e:
+            raise _to_error(e.status or 0, e.reason or "", e.body) from None
+        raw = resp.response
+        try:
+            if resp.status >= 300:
+                raise _to_error(resp.status, resp.reason or "", raw.read())
+            yield from raw
+        finally:
+            raw.release_conn()
 
     def close(self) -> None:
         self._api.close()
@@ -332,6 +367,51 @@ class Kube:
                 return
             query["continue"] = cont
 
+    def list_snapshot(self, path: str, field_selector: str | None = None) -> tuple[tuple[Obj, ...], str]:
+        """All items of a collection and the list's resourceVersion (where a watch resumes from)."""
+        query: dict[str, str] = {"limit": "500"}
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        items: tuple[Obj, ...] = ()
+        version = ""
+        while True:
+            page = self.request("GET", path, query=query)
+            items += tuple(page.get("items") or ())
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion", ""))
+            if not meta.get("continue"):
+                return items, version
+            query["continue"] = str(meta["continue"])
+
+    def watch(self, path: str, resource_version: str, timeout_seconds: int = 300,
+              field_selector: str | None = None) -> Iterator[Obj]:
+        """Watch events (``{"type", "object"}``, bookmarks included) of a collection after ``resource_version``.
+
+        Ends when the server closes the watch (after about ``timeout_seconds``): resume from the last
+        event's resourceVersion. An expired version (410 Gone, as HTTP status or as an ERROR event)
+        raises KubeError with status 410: list again.
+        """
+        query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": str(timeout_seconds)}
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        headers = {"Accept": "application/json", "User-Agent": "topodra"}
+        try:
+            lines = self._t.stream(f"{path}?{urlencode(query)}", headers, timeout_seconds + 30.0)
+            for line in lines:
+                if not line.strip():
+                    continue
+                event: Obj = json.loads(line)
+                if event.get("type") == "ERROR":
+                    st = event.get("object") or {}
+                    raise KubeError(int(st.get("code") or 0), str(st.get("reason") or "Error"),
+                                    str(st.get("message") or ""), st)
+                yield event
+        except KubeError:
+            raise
+        except Exception as e:  # connection reset, read timeout, truncated JSON
+            raise KubeError(0, type(e).__name__, str(e)) from None
+
     def create(self, path: str, obj: Obj) -> Obj:
         return self.request("POST", path, obj)
 
@@ -359,11 +439,3 @@ def _to_error(status: int, reason: str, data: bytes | str | None) -> KubeError:
         except (ValueError, TypeError):
             message = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
     return KubeError(status, reason, message or reason, body)
-
-
-def claim_path(namespace: str, name: str) -> str:
-    return f"{RESOURCE_V1}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
-
-
-def slices_path(name: str | None = None) -> str:
-    return f"{RESOURCE_V1}/resourceslices" + (f"/{quote(name)}" if name else "")

@@ -17,8 +17,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from topodra.apipaths import slices_path
 from topodra.devices import Device
-from topodra.kube import Kube, KubeError, slices_path
+from topodra.kube import Kube, KubeError
 from topodra.slices import build_slices, same_content
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.apipaths import slices_path
 from topodra.devices import Device
-from topodra.kube import Kube, KubeError, slices_path
+from topodra.kube import Kube, KubeError
 from topodra.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Input is what the API server holds: ResourceSlices of our driver, allocated
 ResourceClaims and DeviceClasses.  A class is evaluated through its
-``topodra.io/match`` annotation (see ``match.py``); a class without one is a
+``topodra.io/match`` annotation (see ``topodra.selectors``); a class without one is a
 foreign class whose CEL we do not interpret, so its alternative is reported
 with ``known: false`` and no counts rather than with a guess.
 
@@ -24,9 +24,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from topodra import DEFAULT_DRIVER_NAME
-from topodra.controller.match import MATCH_ANNOTATION, DeviceMatch, attribute
 from topodra.controller.profile import Alternative, ClaimProfile
 from topodra.controller.render import attribute_for
+from topodra.selectors import MATCH_ANNOTATION, DeviceMatch, attribute
 
 Obj = dict[str, Any]
 BLOCKING_TAINTS = {"NoSchedule", "NoExecute"}

@@ -1,152 +1,208 @@
-"""Leader election on a ``coordination.k8s.io/v1`` Lease, so two controller replicas are safe.
+"""Leader election for the controller: the official client's algorithm on a Lease, through our one API client.
 
-Chosen over kopf peering because peering needs its own cluster-wide CRDs and
-only pauses handlers; a Lease is the Kubernetes-native lock and lets the
-standby replica not even start kopf.  Expiry is judged against when *this*
-process last saw the record change (as client-go does), so clock skew between
-replicas does not matter.  A leader that cannot renew within the deadline
-stops its operator and exits; its supervisor restarts it as a standby.
+The election itself (acquire, renew every retry period, give up after the renew
+deadline, judge expiry by when *this* process last saw the record change so
+clock skew between replicas does not matter) is
+``kubernetes.leaderelection.LeaderElection``.  Only its lock is ours:
+``KubeLeaseLock`` reads and writes the ``coordination.k8s.io/v1`` Lease through
+``topodra.kube.Kube``, the controller's one API client (the library's own
+``LeaseLock`` would open a second client, configured from global state).  The
+library lacks two things, added here in the lock: releasing the Lease on a clean
+stop, so a standby takes over at once instead of after the lease duration, and
+stopping: a released lock refuses writes, so the library's renew thread (which
+has no stop) cannot take the Lease back.
+
+kopf peering was not chosen: it needs its own cluster-wide CRDs in every install
+and only pauses handlers, while a Lease is the Kubernetes-native lock and lets a
+standby replica not start kopf at all.  A leader that cannot renew within the
+deadline stops its operator and exits; its supervisor restarts it as a standby.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import Any
 
+from topodra.apipaths import lease_path
 from topodra.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-Action = Literal["create", "acquire", "renew", "wait"]
 
 
-def lease_path(namespace: str, name: str | None = None) -> str:
-    base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
-    return f"{base}/{quote(name)}" if name else base
+def wire_time(record_time: str) -> str:
+    """The library's record time (``str()`` of a naive local datetime) as a Lease MicroTime (UTC)."""
+    return datetime.fromisoformat(record_time).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def micro_time(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def record_time(wire: str) -> str:
+    """A Lease MicroTime in the library's record format (inverse of ``wire_time``)."""
+    return str(datetime.fromisoformat(wire.replace("Z", "+00:00")).astimezone().replace(tzinfo=None))
 
 
-def decide(lease: Obj | None, identity: str, seen_for_s: float) -> Action:
-    """What to do with the Lease as it is now.
+@dataclass(frozen=True)
+class Record:
+    """The library's election record (same attribute names as ``LeaderElectionRecord``, compared by ``__dict__``).
 
-    ``seen_for_s`` is how long this process has seen the same holder record
-    unchanged; past ``leaseDurationSeconds`` the holder is presumed dead.
+    An empty holder is reported as None: the library then acquires at once, which is what a released
+    Lease means (client-go treats an empty holder the same way).
     """
-    if lease is None:
-        return "create"
+
+    holder_identity: str | None
+    lease_duration: str | None
+    acquire_time: str | None
+    renew_time: str | None
+
+
+def record_from_lease(lease: Obj) -> Record:
     spec = lease.get("spec") or {}
-    holder = spec.get("holderIdentity") or ""
-    if holder == identity:
-        return "renew"
-    if not holder:
-        return "acquire"
-    duration = int(spec.get("leaseDurationSeconds") or 15)
-    return "acquire" if seen_for_s > duration else "wait"
+    duration = spec.get("leaseDurationSeconds")
+    acquire, renew = spec.get("acquireTime"), spec.get("renewTime")
+    return Record(holder_identity=spec.get("holderIdentity") or None,
+                  lease_duration=str(duration) if duration else None,
+                  acquire_time=record_time(acquire) if acquire else None,
+                  renew_time=record_time(renew) if renew else None)
 
 
-def lease_object(namespace: str, name: str, identity: str, duration_s: int, now: datetime,
-                 existing: Obj | None, action: Action) -> Obj:
-    """The Lease to write for ``create``/``acquire``/``renew``."""
+def lease_object(namespace: str, name: str, record: Any, existing: Obj | None) -> Obj:
+    """The Lease to write for ``record``; ``leaseTransitions`` counts changes of holder."""
     spec = dict((existing or {}).get("spec") or {})
-    stamp = micro_time(now)
-    if action in ("create", "acquire"):
-        spec["acquireTime"] = stamp
-        if action == "acquire":
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        else:
-            spec["leaseTransitions"] = 0
-    spec.update(holderIdentity=identity, leaseDurationSeconds=duration_s, renewTime=stamp)
+    previous = spec.get("holderIdentity") or ""
+    if existing is None:
+        spec["leaseTransitions"] = 0
+    elif previous != record.holder_identity:
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec.update(holderIdentity=record.holder_identity, leaseDurationSeconds=int(record.lease_duration),
+                acquireTime=wire_time(record.acquire_time), renewTime=wire_time(record.renew_time))
     meta: Obj = {"name": name, "namespace": namespace}
     if existing is not None:
         meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
 
+@dataclass(frozen=True)
+class LockError:
+    """What the library reads from a failed ``get``: the HTTP code in a JSON ``body``, and a ``reason``."""
+
+    code: int
+    reason: str
+
+    @property
+    def body(self) -> str:
+        return json.dumps({"code": self.code})
+
+
+class KubeLeaseLock:
+    """The lock interface ``kubernetes.leaderelection`` drives (get/create/update), on a Lease via ``Kube``."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str, identity: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self._lease: Obj | None = None  # last Lease read or written: its resourceVersion guards the next write
+        self._write = threading.Lock()
+        self._released = False
+
+    def get(self, name: str, namespace: str) -> tuple[bool, Record | LockError]:
+        try:
+            lease = self.kube.get(lease_path(namespace, name))
+        except KubeError as e:
+            log.warning("leader election: reading lease %s/%s: %s", namespace, name, e)
+            return False, LockError(e.status, e.reason)
+        if lease is None:
+            return False, LockError(404, "NotFound")
+        self._lease = lease
+        return True, record_from_lease(lease)
+
+    def create(self, name: str, namespace: str, election_record: Any) -> bool:
+        return self._write_lease(name, namespace, election_record, create=True)
+
+    def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+        return self._write_lease(name, namespace, updated_record, create=False)
+
+    def _write_lease(self, name: str, namespace: str, record: Any, create: bool) -> bool:
+        with self._write:
+            if self._released or (not create and self._lease is None):
+                return False
+            body = lease_object(namespace, name, record, None if create else self._lease)
+            try:
+                if create:
+                    self._lease = self.kube.create(lease_path(namespace), body)
+                else:
+                    self._lease = self.kube.replace(lease_path(namespace, name), body)
+            except KubeError as e:  # a conflict means another replica wrote first
+                log.log(logging.DEBUG if e.conflict else logging.WARNING,
+                        "leader election: writing lease %s/%s: %s", namespace, name, e)
+                return False
+            return True
+
+    def release(self) -> None:
+        """Stop writing for good, and give the Lease up if we hold it so a standby takes over at once."""
+        with self._write:
+            self._released = True
+        path = lease_path(self.namespace, self.name)
+        try:
+            lease = self.kube.get(path)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            lease["spec"]["holderIdentity"] = ""
+            lease["spec"]["leaseDurationSeconds"] = 1
+            self.kube.replace(path, lease)
+            log.info("leader election: released lease %s/%s", self.namespace, self.name)
+        except KubeError as e:
+            log.warning("leader election: could not release lease %s/%s: %s", self.namespace, self.name, e)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+
 @dataclass
-class LeaseElector:
-    """Acquire, renew and release one Lease."""
+class LeaderElector:
+    """Runs ``kubernetes.leaderelection`` in a daemon thread; defaults match client-go's (15 s / 10 s / 2 s)."""
 
     kube: Kube
     namespace: str
     name: str
     identity: str
-    duration_s: int = 15
-    renew_period_s: float = 5.0
-    retry_period_s: float = 2.0
-    clock: Callable[[], float] = time.monotonic
-    _record: tuple[str, str] | None = field(default=None, init=False)
-    _record_seen_at: float = field(default=0.0, init=False)
+    lease_duration_s: int = 15
+    renew_deadline_s: int = 10
+    retry_period_s: int = 2
 
-    def _seen_for(self, lease: Obj | None) -> float:
-        spec = (lease or {}).get("spec") or {}
-        record = (str(spec.get("holderIdentity") or ""), str(spec.get("renewTime") or ""))
-        now = self.clock()
-        if record != self._record:
-            self._record, self._record_seen_at = record, now
-        return now - self._record_seen_at
+    def __post_init__(self) -> None:
+        self.lock = KubeLeaseLock(self.kube, self.namespace, self.name, self.identity)
 
-    def try_acquire_or_renew(self) -> bool:
-        """One attempt; True while we hold the Lease.  Write conflicts mean someone else won."""
-        try:
-            lease = self.kube.get(lease_path(self.namespace, self.name))
-            action = decide(lease, self.identity, self._seen_for(lease))
-            if action == "wait":
-                return False
-            body = lease_object(self.namespace, self.name, self.identity, self.duration_s,
-                                datetime.now(UTC), lease, action)
-            if action == "create":
-                self.kube.create(lease_path(self.namespace), body)
-            else:
-                self.kube.replace(lease_path(self.namespace, self.name), body)
-            if action != "renew":
-                log.info("leader election: %s now holds lease %s/%s", self.identity, self.namespace,
-                         self.name)
-            return True
-        except KubeError as e:
-            level = logging.DEBUG if e.conflict else logging.WARNING
-            log.log(level, "leader election: lease %s/%s: %s", self.namespace, self.name, e)
-            return False
+    def start(self, on_lost: Callable[[], None]) -> threading.Event:
+        """Start campaigning; the returned event is set once we lead.  ``on_lost`` runs if renewal fails."""
+        from kubernetes.leaderelection import electionconfig, leaderelection
 
-    def wait_until_leader(self, stop: threading.Event) -> bool:
-        """Block until we hold the Lease (True) or ``stop`` is set (False)."""
-        log.info("leader election: %s waiting for lease %s/%s", self.identity, self.namespace, self.name)
-        while not stop.is_set():
-            if self.try_acquire_or_renew():
-                return True
-            stop.wait(self.retry_period_s)
-        return False
+        # The library logs every retry at INFO (every 2 s on a standby); we log the transitions ourselves.
+        logging.getLogger("leaderelection").setLevel(logging.WARNING)
+        leading = threading.Event()
 
-    def keep_renewing(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
-        """Renew until ``stop``; call ``on_lost`` once renewals fail for 2/3 of the lease duration."""
-        last_ok = self.clock()
-        deadline = self.duration_s * 2 / 3
-        while not stop.wait(self.renew_period_s):
-            if self.try_acquire_or_renew():
-                last_ok = self.clock()
-            elif self.clock() - last_ok > deadline:
+        def started() -> None:
+            log.info("leader election: %s now holds lease %s/%s", self.identity, self.namespace, self.name)
+            leading.set()
+
+        def stopped() -> None:
+            if not self.lock.released:
                 log.error("leader election: %s lost lease %s/%s", self.identity, self.namespace, self.name)
                 on_lost()
-                return
+
+        config = electionconfig.Config(self.lock, lease_duration=self.lease_duration_s,
+                                       renew_deadline=self.renew_deadline_s, retry_period=self.retry_period_s,
+                                       onstarted_leading=started, onstopped_leading=stopped)
+        log.info("leader election: %s waiting for lease %s/%s", self.identity, self.namespace, self.name)
+        threading.Thread(target=leaderelection.LeaderElection(config).run, name="leader-election",
+                         daemon=True).start()
+        return leading
 
     def release(self) -> None:
-        """Give the Lease up on clean shutdown so a standby takes over at once."""
-        try:
-            lease = self.kube.get(lease_path(self.namespace, self.name))
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            lease["spec"]["holderIdentity"] = ""
-            lease["spec"]["leaseDurationSeconds"] = 1
-            self.kube.replace(lease_path(self.namespace, self.name), lease)
-            log.info("leader election: released lease %s/%s", self.namespace, self.name)
-        except KubeError as e:
-            log.warning("leader election: could not release lease %s/%s: %s", self.namespace, self.name, e)
+        self.lock.release()

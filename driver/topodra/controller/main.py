@@ -1,9 +1,11 @@
 """``topodra controller``: run the ClaimProfile operator (kopf, in-process).
 
-Connects only where ``--kubeconfig`` points (loopback in our clusters).  With
-leader election on (the default), a replica first waits for the Lease, then
-runs kopf standalone (no peering CRDs); losing the Lease stops it with exit
-code 1 so its supervisor restarts it as a standby.
+Connects only where ``--kubeconfig`` points (loopback in our clusters), with
+one API client (``topodra.kube.Kube``) for all of our own calls; kopf keeps its
+own inside.  With leader election on (the default), a replica first waits for
+the Lease (``controller.leader``), then runs kopf standalone (no peering CRDs);
+losing the Lease stops it with exit code 1 so its supervisor restarts it as a
+standby.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import uuid
 from collections.abc import Callable
 
 from topodra import DEFAULT_DRIVER_NAME
-from topodra.controller.leader import LeaseElector
+from topodra.controller.leader import LeaderElector
 from topodra.controller.operator import (
     ControllerConfig,
     RefreshLoop,
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # kubeconfig missing/invalid: say so, start nothing
         log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "$KUBECONFIG/in-cluster", e)
         return 2
-    stop = threading.Event()  # stops our threads (refresh, lease renewal)
+    stop = threading.Event()  # stops the refresh thread
     lost = threading.Event()
     # kopf's stop flag must be an asyncio primitive: a threading.Event would park a thread of the
     # default executor in wait(), and asyncio.run() would then hang at exit after SIGTERM.
@@ -76,17 +78,17 @@ def run(args: argparse.Namespace) -> int:
         for fn in stop_kopf:
             fn()
 
-    elector: LeaseElector | None = None
+    elector: LeaderElector | None = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        elector = LeaseElector(kube, args.lease_namespace, args.lease_name, identity)
+        elector = LeaderElector(kube, args.lease_namespace, args.lease_name, identity)
+        leading = elector.start(on_lost)
         try:
-            if not elector.wait_until_leader(stop):
-                return 0
+            while not leading.wait(1.0):
+                pass
         except KeyboardInterrupt:
+            elector.release()
             return 0
-        threading.Thread(target=elector.keep_renewing, args=(stop, on_lost), name="lease-renew",
-                         daemon=True).start()
     cache = SnapshotCache(cfg)
     loop = RefreshLoop(kube, cfg, cache, stop=stop)
     try:

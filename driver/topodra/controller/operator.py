@@ -24,11 +24,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.apipaths import (
+    PROFILE_GROUP,
+    PROFILE_PLURAL,
+    PROFILE_VERSION,
+    claim_path,
+    device_class_path,
+    event_path,
+    node_path,
+    profile_path,
+    slices_path,
+    template_path,
+)
 from topodra.controller.availability import AlternativeStatus, Snapshot, make_snapshot, profile_availability
-from topodra.controller.profile import GROUP, PLURAL, VERSION, ClaimProfile, ProfileError
+from topodra.controller.profile import API_VERSION, KIND, ClaimProfile, ProfileError
 from topodra.controller.render import (
     DEFAULT_NIC_CLASS,
     HASH_ANNOTATION,
@@ -37,7 +48,7 @@ from topodra.controller.render import (
     device_class_names,
     render_template,
 )
-from topodra.kube import RESOURCE_V1, Kube, KubeError, load_configuration
+from topodra.kube import Kube, KubeError, load_configuration
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +57,6 @@ Obj = dict[str, Any]
 INVALID_REASONS = {"InvalidSpec", "UnknownDeviceClass", "TemplateConflict"}
 # The kopf handlers and the refresh loop may reach one profile at once; passes are short, so serialize them.
 _PROCESS_LOCK = threading.Lock()
-
-
-def template_path(namespace: str, name: str | None = None) -> str:
-    base = f"{RESOURCE_V1}/namespaces/{quote(namespace)}/resourceclaimtemplates"
-    return f"{base}/{quote(name)}" if name else base
-
-
-def profile_path(namespace: str | None = None, name: str | None = None) -> str:
-    if namespace is None:
-        return f"/apis/{GROUP}/{VERSION}/{PLURAL}"
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
-    return f"{base}/{quote(name)}" if name else base
-
-
-def device_class_path(name: str | None = None) -> str:
-    return f"{RESOURCE_V1}/deviceclasses" + (f"/{quote(name)}" if name else "")
 
 
 @dataclass(frozen=True)
@@ -101,12 +96,11 @@ class SnapshotCache:
             if self._clock() - self._at < self._cfg.snapshot_ttl_s:
                 return self._value
             try:
-                slices = list(kube.list(f"{RESOURCE_V1}/resourceslices",
-                                        field_selector=f"spec.driver={self._cfg.driver}"))
-                claims = list(kube.list(f"{RESOURCE_V1}/resourceclaims"))
+                slices = list(kube.list(slices_path(), field_selector=f"spec.driver={self._cfg.driver}"))
+                claims = list(kube.list(claim_path()))
                 classes = list(kube.list(device_class_path()))
                 try:
-                    nodes = list(kube.list("/api/v1/nodes"))
+                    nodes = list(kube.list(node_path()))
                 except KubeError as e:  # without node access, every node counts as schedulable
                     log.warning("availability: cannot list nodes (%s); taints and cordons are ignored", e)
                     nodes = []
@@ -224,14 +218,14 @@ def post_event(kube: Kube, body: Obj, etype: str, reason: str, message: str) -> 
     event = {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{meta.get('name', 'claimprofile')}.", "namespace": ns},
-        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClaimProfile",
+        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND,
                            "name": meta.get("name"), "namespace": ns, "uid": meta.get("uid")},
         "type": etype, "reason": reason, "message": message[:1024],
         "source": {"component": "topodra-controller"},
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
     }
     try:
-        kube.create(f"/api/v1/namespaces/{quote(ns)}/events", event)
+        kube.create(event_path(ns), event)
     except KubeError as e:
         log.warning("profile %s/%s: could not post event %s: %s", ns, meta.get("name"), reason, e)
 
@@ -360,9 +354,9 @@ def build_registry(kube: Kube, kubeconfig: str | None, cfg: ControllerConfig, ca
     def login(**_kw: Any) -> Any:
         return connection_info(kubeconfig)
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.resume(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL, registry=registry)
+    @kopf.on.create(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL, registry=registry)
+    @kopf.on.update(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL, registry=registry)
     def on_change(body: Any, **_: Any) -> None:
         obj = _plain(body)
         try:
@@ -373,7 +367,7 @@ def build_registry(kube: Kube, kubeconfig: str | None, cfg: ControllerConfig, ca
             raise kopf.TemporaryError(
                 f"profile {meta.get('namespace')}/{meta.get('name')}: {e}", delay=delay) from None
 
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True)
+    @kopf.on.delete(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL, registry=registry, optional=True)
     def on_delete(body: Any, **_: Any) -> None:
         try:
             delete_template(kube, _plain(body))

@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-GROUP = "topodra.io"
-VERSION = "v1alpha1"
+from topodra.apipaths import PROFILE_GROUP as GROUP
+from topodra.apipaths import PROFILE_VERSION as VERSION
+
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ClaimProfile"
-PLURAL = "claimprofiles"
 
 MAX_ALTERNATIVES = 8
 MAX_COUNT = 32  # AllocationResultsMaxSize: a claim holds at most 32 devices

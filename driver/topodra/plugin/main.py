@@ -176,7 +176,7 @@ class Plugin:
 
 def build_state(cfg: PluginConfig, devices: list[Device], kube: Kube) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket."""
-    from topodra.kube import claim_path
+    from topodra.apipaths import claim_path
     from topodra.state import DeviceState
 
     def get_claim(namespace: str, name: str) -> dict[str, Any] | None:

@@ -1,4 +1,7 @@
-"""Device predicates shared by our DeviceClasses and the availability report.
+"""Device predicates shared by our DeviceClasses and the controller's availability report.
+
+A neutral module (imports nothing of topodra): ``deviceclasses`` renders
+classes from it, ``controller.availability`` evaluates them.
 
 Each topodra DeviceClass is generated from one ``DeviceMatch``: the same
 object renders the class's CEL selector *and* is stored as JSON in the class's
@@ -37,7 +40,7 @@ def parse_semver(value: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
-def quantity(value: str) -> Decimal:
+def parse_quantity(value: str) -> Decimal:
     """A Kubernetes quantity string (``80Gi``, ``1.5G``, ``2e3``) as a number; ValueError when malformed."""
     m = QUANTITY.match(value.strip()) if isinstance(value, str) else None
     if not m:
@@ -80,7 +83,7 @@ class DeviceMatch(BaseModel):
     @classmethod
     def _memory(cls, v: str | None) -> str | None:
         if v is not None:
-            quantity(v)
+            parse_quantity(v)
         return v
 
     @field_validator("min_compute_capability")
@@ -122,7 +125,7 @@ class DeviceMatch(BaseModel):
             return False
         if self.min_memory is not None:
             mem = _capacity(device, driver, "memory")
-            if mem is None or mem < quantity(self.min_memory):
+            if mem is None or mem < parse_quantity(self.min_memory):
                 return False
         if self.min_compute_capability is not None:
             cc = attrs.get("cudaComputeCapability")
@@ -165,6 +168,6 @@ def _capacity(device: dict[str, Any], driver: str, name: str) -> Decimal | None:
     if not isinstance(raw, dict) or "value" not in raw:
         return None
     try:
-        return quantity(str(raw["value"]))
+        return parse_quantity(str(raw["value"]))
     except ValueError:
         return None
