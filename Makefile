@@ -23,7 +23,7 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
-	MYPYPATH=driver:tests:hack $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
+	MYPYPATH=driver:tests:hack:bench $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
 		bench/prepare_bench.py bench/import_rss.py
 
 test: venv bins lint typecheck
