@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("topodra.controller.main", "run the ClaimProfile controller"),
     "deviceclasses": ("topodra.deviceclasses", "generate DeviceClasses from the cluster's ResourceSlices"),
     "discover": ("topodra.hardware.cli", "print the devices discovered on this host (or a mock profile)"),
+    "placement-scorer": ("topodra.placement.main",
+                         "run the fragmentation-aware kube-scheduler extender (prioritize only)"),
 }
 
 

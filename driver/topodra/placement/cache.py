@@ -1,0 +1,123 @@
+"""Keeps the scorer's ClusterState current: one list + watch loop per kind, no API call per request.
+
+Each informer lists its kind (remembering the list's resourceVersion), replaces what the
+state knows of that kind, then watches from that version, resuming from the last event's
+version when the server ends a watch.  A 410 Gone (the version fell out of the
+apiserver's window) relists at once; other errors relist after a capped backoff.
+Bookmarks only move the resume version forward.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topodra.apipaths import claim_path, device_class_path, node_path, slices_path, template_path
+from topodra.kube import Kube, KubeError, Obj
+from topodra.placement.model import ClusterState
+
+log = logging.getLogger(__name__)
+
+KINDS = ("slices", "classes", "nodes", "claims", "templates")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    path: str
+    field_selector: str | None = None
+
+
+def sources(driver: str) -> list[Source]:
+    return [
+        Source("slices", slices_path(), f"spec.driver={driver}"),
+        Source("classes", device_class_path()),
+        Source("nodes", node_path()),
+        Source("claims", claim_path()),
+        Source("templates", template_path()),
+    ]
+
+
+def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> None:
+    """One watch event into the state (pure function of state and event)."""
+    meta = obj.get("metadata") or {}
+    name, ns = str(meta.get("name", "")), str(meta.get("namespace", ""))
+    deleted = event_type == "DELETED"
+    if kind == "slices":
+        state.delete_slice(name) if deleted else state.set_slice(obj)
+    elif kind == "classes":
+        state.delete_class(name) if deleted else state.set_class(obj)
+    elif kind == "nodes":
+        state.delete_node(name) if deleted else state.set_node(obj)
+    elif kind == "claims":
+        state.delete_claim(ns, name) if deleted else state.set_claim(obj)
+    elif kind == "templates":
+        state.delete_template(ns, name) if deleted else state.set_template(obj)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+
+
+class Cache:
+    """The watched state behind one lock, fed by one thread per kind."""
+
+    def __init__(self, kube: Kube, state: ClusterState, watch_timeout: int = 300,
+                 on_relist: Callable[[str], None] | None = None) -> None:
+        self.kube = kube
+        self.state = state
+        self.lock = threading.Lock()
+        self.watch_timeout = watch_timeout
+        self.stop = threading.Event()
+        self._synced = {k: threading.Event() for k in KINDS}
+        self._threads: list[threading.Thread] = []
+        self._on_relist = on_relist
+        self.events = 0
+
+    def start(self) -> None:
+        for src in sources(self.state.driver):
+            t = threading.Thread(target=self._run, args=(src,), name=f"watch-{src.kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def synced(self) -> bool:
+        return all(e.is_set() for e in self._synced.values())
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in self._synced.values())
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def _run(self, src: Source) -> None:
+        backoff = 1.0
+        while not self.stop.is_set():
+            try:
+                items, version = self.kube.list_snapshot(src.path, src.field_selector)
+                with self.lock:
+                    self.state.replace(src.kind, items)
+                self._synced[src.kind].set()
+                if self._on_relist:
+                    self._on_relist(src.kind)
+                log.info("listed %d %s at resourceVersion %s", len(items), src.kind, version)
+                while not self.stop.is_set():
+                    for event in self.kube.watch(src.path, version, self.watch_timeout, src.field_selector):
+                        obj = event.get("object") or {}
+                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                        if event.get("type") == "BOOKMARK":
+                            continue
+                        with self.lock:
+                            apply_event(self.state, src.kind, str(event.get("type")), obj)
+                            self.events += 1
+                        if self.stop.is_set():
+                            return
+                    backoff = 1.0
+            except KubeError as e:
+                if e.status == 410:
+                    log.info("%s: resourceVersion expired (410 Gone); relisting", src.kind)
+                    continue
+                log.warning("%s: list/watch failed (%s); retrying in %.0fs", src.kind, e, backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)

@@ -1,0 +1,424 @@
+"""The scorer's pure view of the cluster: devices per node, what claims ask for, what is in use.
+
+Everything here is plain data built from API objects (JSON dicts) with no I/O, so
+the scoring rule can be tested on hand-built views and the cache only has to feed
+objects in.  Three ideas keep ``prioritize`` cheap:
+
+* a claim's spec is parsed once into a hashable ``Demand`` (requests, their
+  ``firstAvailable`` alternatives, ``matchAttribute`` constraints);
+* each device's DeviceClass membership is worked out when its slice or a class
+  changes (through the classes' ``topodra.io/match`` annotation, the same
+  predicate our generated CEL says), never per request;
+* each node gets a *shape* id: nodes whose devices look the same to every class
+  and constraint (same memberships, same pattern of equal attribute values) share
+  it, so results computed for one node are reused for all nodes in the same state.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
+
+Obj = dict[str, Any]
+DeviceKey = tuple[str, str]  # (pool, device) of the scorer's driver
+ANY_GPU = ""  # pseudo class of the prior's request classes: every GPU of the driver
+
+
+class DemandError(ValueError):
+    """A claim spec the scorer cannot read (it then ignores the claim: it never vetoes)."""
+
+
+# --------------------------------------------------------------------------- what claims ask for
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One way to satisfy a request: ``exactly`` or one ``firstAvailable`` subrequest."""
+
+    name: str  # "req" for exactly, "req/sub" for a subrequest (as constraints name them)
+    device_class: str  # ANY_GPU for the prior's classes
+    count: int  # devices; 0 means allocationMode All
+    has_selectors: bool = False  # request-level CEL selectors: not evaluated (see docs/placement.md)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    name: str
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """``matchAttribute``: all devices of the named requests share one value of ``attribute``."""
+
+    requests: tuple[str, ...]  # empty: every request of the claim
+    attribute: str  # fully qualified, e.g. gpu.topodra.io/nvlinkDomain
+
+    def applies(self, request: str, alternative: str) -> bool:
+        return not self.requests or request in self.requests or alternative in self.requests
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one ResourceClaim asks for; hashable so results can be memoised per demand."""
+
+    requests: tuple[Request, ...]
+    constraints: tuple[Constraint, ...] = ()
+
+    def label(self) -> str:
+        """Short human form for logs and metrics, e.g. ``8xgpu.topodra.io|nvlinkDomain``."""
+        parts = []
+        for r in self.requests:
+            alts = "/".join(f"{a.count or 'all'}x{a.device_class or 'gpu'}" for a in r.alternatives)
+            parts.append(alts)
+        attrs = sorted({c.attribute.rsplit("/", 1)[-1] for c in self.constraints})
+        return "+".join(parts) + ("|" + ",".join(attrs) if attrs else "")
+
+
+def _alternative(name: str, body: Obj) -> Alternative:
+    cls = body.get("deviceClassName")
+    if not isinstance(cls, str) or not cls:
+        raise DemandError(f"request {name!r} has no deviceClassName")
+    mode = body.get("allocationMode") or "ExactCount"
+    if mode == "All":
+        count = 0
+    elif mode == "ExactCount":
+        raw = body.get("count", 1)
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+            raise DemandError(f"request {name!r} has an invalid count {raw!r}")
+        count = raw
+    else:
+        raise DemandError(f"request {name!r} has an unknown allocationMode {mode!r}")
+    return Alternative(name=name, device_class=cls, count=count, has_selectors=bool(body.get("selectors")))
+
+
+def parse_demand(spec: Obj) -> Demand:
+    """A ResourceClaimSpec (``{"devices": {...}}``) as a Demand; DemandError when unreadable."""
+    devices = (spec or {}).get("devices") or {}
+    requests: list[Request] = []
+    for req in devices.get("requests") or []:
+        name = req.get("name")
+        if not isinstance(name, str) or not name:
+            raise DemandError("a request has no name")
+        if req.get("exactly") is not None:
+            alts: tuple[Alternative, ...] = (_alternative(name, req["exactly"]),)
+        elif req.get("firstAvailable"):
+            alts = tuple(_alternative(f"{name}/{sub.get('name', '')}", sub) for sub in req["firstAvailable"])
+        else:
+            raise DemandError(f"request {name!r} has neither exactly nor firstAvailable")
+        requests.append(Request(name=name, alternatives=alts))
+    if not requests:
+        raise DemandError("the claim has no device requests")
+    constraints = []
+    for c in devices.get("constraints") or []:
+        attr = c.get("matchAttribute")
+        if isinstance(attr, str) and attr:
+            constraints.append(Constraint(requests=tuple(c.get("requests") or ()), attribute=attr))
+    return Demand(requests=tuple(requests), constraints=tuple(constraints))
+
+
+# --------------------------------------------------------------------------- devices and nodes
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    key: DeviceKey
+    gpu: bool  # a full GPU of the driver: what fragmentation counts
+    classes: frozenset[str]  # DeviceClasses (with a match annotation) that select it
+    attrs: Mapping[str, Any]  # fully qualified attribute name -> plain value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    devices: tuple[DeviceView, ...]  # in the allocator's order: pools, slices by name, slice order
+    shape: int  # equal for nodes whose devices behave the same for every class and constraint
+    index: Mapping[DeviceKey, int] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return sum(1 for d in self.devices if d.gpu)
+
+
+def qualified_attributes(device: Obj, driver: str) -> dict[str, Any]:
+    """Attribute values keyed by fully qualified name (unqualified names belong to the driver)."""
+    out: dict[str, Any] = {}
+    for key, val in (device.get("attributes") or {}).items():
+        if isinstance(val, dict) and val:
+            out[key if "/" in key else f"{driver}/{key}"] = next(iter(val.values()))
+    return out
+
+
+def class_matcher(obj: Obj) -> DeviceMatch | None:
+    """The predicate of a DeviceClass, from its ``topodra.io/match`` annotation; None for a foreign class."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(MATCH_ANNOTATION)
+    if not text:
+        return None
+    try:
+        return DeviceMatch.from_annotation(text)
+    except ValueError:
+        return None
+
+
+def _shape_key(devices: Iterable[DeviceView]) -> tuple[Any, ...]:
+    """Canonical form: attribute values replaced by their first-occurrence index within the node."""
+    seen: dict[str, dict[Any, int]] = {}
+    out = []
+    for d in devices:
+        canon = []
+        for name in sorted(d.attrs):
+            ids = seen.setdefault(name, {})
+            v = d.attrs[name]
+            hv = v if isinstance(v, str | int | bool | float) else repr(v)
+            canon.append((name, ids.setdefault(hv, len(ids))))
+        out.append((d.gpu, tuple(sorted(d.classes)), tuple(canon)))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimInfo:
+    uid: str
+    created: str
+    demand: Demand | None  # None: unreadable spec (ignored)
+    allocated: tuple[DeviceKey, ...]  # devices of our driver in status.allocation
+    is_allocated: bool
+
+
+def _claim_info(obj: Obj, driver: str) -> ClaimInfo:
+    meta = obj.get("metadata") or {}
+    try:
+        demand: Demand | None = parse_demand(obj.get("spec") or {})
+    except DemandError:
+        demand = None
+    alloc = (obj.get("status") or {}).get("allocation")
+    results = ((alloc or {}).get("devices") or {}).get("results") or []
+    keys = tuple((str(r.get("pool", "")), str(r.get("device", ""))) for r in results if r.get("driver") == driver)
+    return ClaimInfo(uid=str(meta.get("uid", "")), created=str(meta.get("creationTimestamp", "")),
+                     demand=demand, allocated=keys, is_allocated=alloc is not None)
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+# --------------------------------------------------------------------------- the whole view
+
+
+class ClusterState:
+    """The watched objects and what is derived from them. Not thread-safe: the cache holds a lock.
+
+    ``window`` bounds how many recent claims the request mix is learned from.
+    """
+
+    def __init__(self, driver: str, window: int = 200) -> None:
+        if window < 0:
+            raise ValueError("window must be >= 0")
+        self.driver = driver
+        self.window = window
+        self.slices: dict[str, Obj] = {}
+        self.classes: dict[str, DeviceMatch | None] = {}
+        self.nodes: set[str] = set()
+        self.claims: dict[tuple[str, str], ClaimInfo] = {}
+        self.templates: dict[tuple[str, str], Demand | None] = {}
+        self.recent: OrderedDict[str, tuple[str, Demand]] = OrderedDict()  # uid -> (created, demand)
+        self.used: dict[DeviceKey, int] = {}
+        self._slices_by_node: dict[str, set[str]] = {}
+        self._views: dict[str, NodeView] = {}
+        self._shapes: dict[tuple[Any, ...], int] = {}
+
+    # ----- updates
+
+    def set_slice(self, obj: Obj) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        spec = obj.get("spec") or {}
+        self.delete_slice(name)
+        node = spec.get("nodeName")
+        if spec.get("driver") != self.driver or not node:
+            return  # another driver's, or not node-local: nothing this scorer places
+        self.slices[name] = obj
+        self._slices_by_node.setdefault(str(node), set()).add(name)
+        self._views.pop(str(node), None)
+
+    def delete_slice(self, name: str) -> None:
+        old = self.slices.pop(name, None)
+        if old is not None:
+            node = str(old["spec"]["nodeName"])
+            self._slices_by_node.get(node, set()).discard(name)
+            self._views.pop(node, None)
+
+    def set_class(self, obj: Obj) -> None:
+        self.classes[_key(obj)[1]] = class_matcher(obj)
+        self._views.clear()
+
+    def delete_class(self, name: str) -> None:
+        self.classes.pop(name, None)
+        self._views.clear()
+
+    def set_node(self, obj: Obj) -> None:
+        self.nodes.add(_key(obj)[1])
+
+    def delete_node(self, name: str) -> None:
+        self.nodes.discard(name)
+
+    def set_claim(self, obj: Obj) -> None:
+        key = _key(obj)
+        self.delete_claim(*key, forget=False)
+        info = _claim_info(obj, self.driver)
+        self.claims[key] = info
+        for k in info.allocated:
+            self.used[k] = self.used.get(k, 0) + 1
+        if info.demand is not None and info.uid and info.uid not in self.recent and self.window:
+            self.recent[info.uid] = (info.created, info.demand)
+            while len(self.recent) > self.window:
+                self.recent.popitem(last=False)
+
+    def delete_claim(self, namespace: str, name: str, forget: bool = False) -> None:
+        """Drop a claim's devices from use. It stays in the mix (history) unless ``forget``."""
+        info = self.claims.pop((namespace, name), None)
+        if info is None:
+            return
+        for k in info.allocated:
+            n = self.used.get(k, 0) - 1
+            if n > 0:
+                self.used[k] = n
+            else:
+                self.used.pop(k, None)
+        if forget:
+            self.recent.pop(info.uid, None)
+
+    def set_template(self, obj: Obj) -> None:
+        try:
+            demand: Demand | None = parse_demand(((obj.get("spec") or {}).get("spec")) or {})
+        except DemandError:
+            demand = None
+        self.templates[_key(obj)] = demand
+
+    def delete_template(self, namespace: str, name: str) -> None:
+        self.templates.pop((namespace, name), None)
+
+    def replace(self, kind: str, objs: Iterable[Obj]) -> None:
+        """A fresh list of one kind (after a relist) replaces everything known of that kind."""
+        items = list(objs)
+        if kind == "slices":
+            self.slices.clear()
+            self._slices_by_node.clear()
+            self._views.clear()
+            for o in items:
+                self.set_slice(o)
+        elif kind == "classes":
+            self.classes.clear()
+            for o in items:
+                self.set_class(o)
+            self._views.clear()
+        elif kind == "nodes":
+            self.nodes = {_key(o)[1] for o in items}
+        elif kind == "claims":
+            self.claims.clear()
+            self.used.clear()
+            history = dict(self.recent)
+            self.recent.clear()
+            for o in sorted(items, key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp", ""))):
+                self.set_claim(o)
+            # Claims deleted while we were not watching still count as history, oldest first.
+            merged = sorted({**history, **self.recent}.items(), key=lambda kv: kv[1][0])
+            self.recent = OrderedDict(merged[-self.window:] if self.window else [])
+        elif kind == "templates":
+            self.templates.clear()
+            for o in items:
+                self.set_template(o)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+
+    # ----- queries
+
+    def node_view(self, node: str) -> NodeView | None:
+        """The node's devices (None when it publishes none of ours); built once per change."""
+        view = self._views.get(node)
+        if view is not None:
+            return view
+        names = self._slices_by_node.get(node)
+        if not names:
+            return None
+        slices = [self.slices[n] for n in names]
+        newest: dict[str, int] = {}
+        for s in slices:
+            pool = s["spec"].get("pool") or {}
+            pname = str(pool.get("name", ""))
+            newest[pname] = max(newest.get(pname, -1), int(pool.get("generation", 0)))
+        current = [s for s in slices
+                   if int((s["spec"].get("pool") or {}).get("generation", 0))
+                   == newest[str((s["spec"].get("pool") or {}).get("name", ""))]]
+        current.sort(key=lambda s: (str(s["spec"]["pool"].get("name", "")), str(s["metadata"]["name"])))
+        devices = []
+        for s in current:
+            pool = str(s["spec"]["pool"].get("name", ""))
+            for dev in s["spec"].get("devices") or []:
+                attrs = qualified_attributes(dev, self.driver)
+                classes = frozenset(name for name, m in self.classes.items()
+                                    if m is not None and m.matches(dev, self.driver))
+                devices.append(DeviceView(key=(pool, str(dev.get("name", ""))),
+                                          gpu=attrs.get(f"{self.driver}/type") == "gpu",
+                                          classes=classes, attrs=attrs))
+        shape = self._shapes.setdefault(_shape_key(devices), len(self._shapes))
+        view = NodeView(name=node, devices=tuple(devices), shape=shape,
+                        index={d.key: i for i, d in enumerate(devices)})
+        self._views[node] = view
+        return view
+
+    def used_indices(self, view: NodeView) -> frozenset[int]:
+        return frozenset(i for i, d in enumerate(view.devices) if d.key in self.used)
+
+    def pod_demands(self, pod: Obj) -> list[Demand]:
+        """The pod's claims still to be allocated, from the cache (never the API).
+
+        A claim named in the pod, or generated from a template (its name is in the pod's
+        status), is looked up among watched claims; when the generated claim is not seen yet,
+        the template's spec stands in for it. Allocated claims are skipped (their devices are
+        already in use); unknown or unreadable claims are ignored.
+        """
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        generated = {s.get("name"): s.get("resourceClaimName")
+                     for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or [])}
+        out: list[Demand] = []
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            info: ClaimInfo | None = None
+            demand: Demand | None = None
+            if ref.get("resourceClaimName"):
+                info = self.claims.get((ns, str(ref["resourceClaimName"])))
+            elif ref.get("resourceClaimTemplateName"):
+                if ref.get("name") in generated and not generated[ref.get("name")]:
+                    continue  # the claim controller decided no claim is needed
+                gen = generated.get(ref.get("name"))
+                info = self.claims.get((ns, str(gen))) if gen else None
+                if info is None:
+                    demand = self.templates.get((ns, str(ref["resourceClaimTemplateName"])))
+            if info is not None:
+                if info.is_allocated:
+                    continue
+                demand = info.demand
+            if demand is not None:
+                out.append(demand)
+        return out
+
+    def observed_mix(self) -> dict[Demand, int]:
+        """How often each demand occurred among the last ``window`` claims."""
+        counts: dict[Demand, int] = {}
+        for _created, demand in self.recent.values():
+            counts[demand] = counts.get(demand, 0) + 1
+        return counts
+
+    def sizes(self) -> dict[str, int]:
+        return {"slices": len(self.slices), "nodes": len(self.nodes), "claims": len(self.claims),
+                "templates": len(self.templates), "device_classes": len(self.classes),
+                "used_devices": len(self.used), "recent_claims": len(self.recent),
+                "node_views": len(self._views), "shapes": len(self._shapes)}
+

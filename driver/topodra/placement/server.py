@@ -1,0 +1,183 @@
+"""The extender's HTTP face: POST /prioritize, GET /healthz, GET /metrics.
+
+kube-scheduler posts ``ExtenderArgs`` (``Pod`` and, with ``nodeCacheCapable: true``,
+``NodeNames``; Go's field names, no JSON tags) and reads a ``HostPriorityList``
+(``[{"Host", "Score"}]``, 0..10).  Scoring reads only the watched state: the request
+path makes no API call.  Anything unexpected yields an HTTP error, which an
+``ignorable`` extender turns into "no opinion" in the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from topodra.placement.cache import Cache
+from topodra.placement.score import Scorer, make_mix
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+MAX_BODY = 16 << 20  # a pod plus 5,000 node names is far below this
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def _field(args: Mapping[str, Any], name: str) -> Any:
+    """Go decodes JSON field names case-insensitively; so do we."""
+    for k, v in args.items():
+        if k.lower() == name.lower():
+            return v
+    return None
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def candidate_names(args: Mapping[str, Any]) -> list[str]:
+    names = _field(args, "NodeNames")
+    if names is None:  # nodeCacheCapable: false sends whole Node objects
+        nodes = _field(args, "Nodes") or {}
+        names = [((n.get("metadata") or {}).get("name")) for n in (nodes.get("items") or [])]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise BadRequest("NodeNames must be a list of node names")
+    return names
+
+
+class _CacheCollector(Collector):
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Any:
+        with self.cache.lock:
+            sizes = self.cache.state.sizes()
+        g = GaugeMetricFamily("topodra_placement_cache_objects", "Objects in the scorer's watched view, by kind.",
+                              labels=["kind"])
+        for kind, n in sizes.items():
+            g.add_metric([kind], n)
+        yield g
+        yield GaugeMetricFamily("topodra_placement_cache_synced",
+                                "1 once every kind has been listed at least once.",
+                                value=1.0 if self.cache.synced() else 0.0)
+
+
+class Placement:
+    """Scores pods against the cache; owns the scorer's memo and the metrics."""
+
+    def __init__(self, cache: Cache, prior: Mapping[int, float], prior_weight: float,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.cache = cache
+        self.prior = dict(prior)
+        self.prior_weight = prior_weight
+        self.scorer = Scorer()
+        self.registry = registry or CollectorRegistry()
+        self.latency = Histogram("topodra_placement_prioritize_duration_seconds",
+                                 "Time to answer one prioritize call (parsing, scoring, encoding).",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.calls = Counter("topodra_placement_prioritize", "prioritize calls, by result.", ["result"],
+                             registry=self.registry)
+        self.candidates = Gauge("topodra_placement_last_candidates", "Candidate nodes in the last call.",
+                                registry=self.registry)
+        self.registry.register(_CacheCollector(cache))
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[Obj]:
+        pod = _field(args, "Pod")
+        if not isinstance(pod, dict):
+            raise BadRequest("ExtenderArgs has no Pod")
+        names = candidate_names(args)
+        self.candidates.set(len(names))
+        with self.cache.lock:
+            state = self.cache.state
+            demands = state.pod_demands(pod)
+            known = frozenset(k for k, m in state.classes.items() if m is not None)
+            mix = make_mix(self.prior, self.prior_weight, state.observed_mix(), state.driver, known)
+            cands = []
+            for n in names:
+                view = state.node_view(n)
+                cands.append((n, view, state.used_indices(view) if view is not None else frozenset()))
+            scores = self.scorer.score(cands, demands, mix)
+        return [{"Host": n, "Score": s} for n, s in scores]
+
+
+def make_handler(placement: Placement) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: the scheduler reuses its connection
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s " + format, self.address_string(), *args)
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/healthz":
+                self._send(200, b"ok\n", "text/plain")
+            elif self.path == "/readyz":
+                ok = placement.cache.synced()
+                self._send(200 if ok else 503, b"ok\n" if ok else b"cache not synced\n", "text/plain")
+            elif self.path == "/metrics":
+                self._send(200, generate_latest(placement.registry), "text/plain; version=0.0.4")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def do_POST(self) -> None:
+            t0 = time.perf_counter()
+            if self.path.rstrip("/") != "/prioritize":
+                self._send(404, b'{"error":"only /prioritize is served"}')
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length <= 0 or length > MAX_BODY:
+                    raise BadRequest(f"body length {length} out of range")
+                args = json.loads(self.rfile.read(length))
+                if not isinstance(args, dict):
+                    raise BadRequest("ExtenderArgs must be a JSON object")
+                result = placement.prioritize(args)
+            except (BadRequest, ValueError) as e:
+                placement.calls.labels("bad_request").inc()
+                self._send(400, json.dumps({"error": str(e)}).encode())
+                return
+            except Exception as e:  # never take the server down; the scheduler ignores us
+                log.exception("prioritize failed")
+                placement.calls.labels("error").inc()
+                self._send(500, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+                return
+            self._send(200, json.dumps(result, separators=(",", ":")).encode())
+            placement.calls.labels("ok").inc()
+            placement.latency.observe(time.perf_counter() - t0)
+
+    return Handler
+
+
+class Server:
+    """A threaded HTTP server on ``host:port`` (port 0: any free one) serving a Placement."""
+
+    def __init__(self, placement: Placement, host: str, port: int) -> None:
+        self.httpd = ThreadingHTTPServer((host, port), make_handler(placement))
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="extender-http", daemon=True)
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
