@@ -64,7 +64,7 @@ def state(nodes: dict[str, str], window: int = 200) -> ClusterState:
 def claim(name: str, spec: Obj, namespace: str = "ns", allocated: list[tuple[str, str]] | None = None,
           created: str = "2026-01-01T00:00:00Z") -> Obj:
     """A ResourceClaim; ``allocated`` lists (pool, device) results of our driver."""
-    obj: Obj = {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{next(_uid)}",
+    obj: Obj = {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
                              "creationTimestamp": created}, "spec": spec}
     if allocated is not None:
         obj["status"] = {"allocation": {"devices": {"results": [
