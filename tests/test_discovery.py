@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from topodra.devices import Device
 from topodra.hardware import DiscoveryError, NvmlBackend, load_backend
 from topodra.hardware.mock import FakeNvml, MockHardware, nvml_error
-from topodra.hardware.mockprofile import profile_names
+from topodra.hardware.mockprofile import load_profile, profile_names
+from topodra.hardware.sysfs import Sysfs
 
 STD = "resource.kubernetes.io/"
 GPU_REQUIRED = {
@@ -75,7 +77,7 @@ def test_profile_attributes(profile: str) -> None:
         assert a["migCapable"] is mig
         assert a["uuid"] == d.uuid and d.uuid.startswith("GPU-")
         assert d.capacity == {"memory": memory}
-        assert d.device_nodes == (f"/dev/nvidia{a['minor']}",)
+        assert d.device_nodes == ()  # mock GPUs have no /dev/nvidiaN on this host
         assert len(d.attributes) + len(d.capacity) <= 32
         if sizes is None:
             assert "nvlinkDomain" not in a and "nvlinkDomainSize" not in a
@@ -88,6 +90,7 @@ def test_profile_attributes(profile: str) -> None:
     for d in nics:
         a = attrs(d)
         assert set(a) >= NIC_REQUIRED, NIC_REQUIRED - set(a)
+        assert d.device_nodes == ()
         assert a["type"] == "nic" and a["linkRate"] >= 100
     # compute NICs carry distinct rails 0..n-1
     assert sorted(attrs(d)["rail"] for d in nics) == list(range(n_nic))
@@ -420,9 +423,13 @@ def test_missing_pci_device_and_bad_cpulist(tmp_path: Any, caplog: pytest.LogCap
     assert "0000:1b:00.0" in caplog.text and "local_cpulist" in caplog.text
 
 
+def _hardware(profile: str, node: str) -> MockHardware:
+    p = load_profile(profile)
+    return MockHardware(p, node, frozenset(), p.fabric)
+
+
 def test_no_sysfs_at_all(tmp_path: Any) -> None:
-    backend = load_backend("mock:dgx-h100", "n1", sysfs_root=str(tmp_path))
-    backend.sysfs.root = str(tmp_path / "empty")
+    backend = NvmlBackend("n1", nvml=_hardware("dgx-h100", "n1").nvml, sysfs=Sysfs(str(tmp_path / "empty")))
     gpus, nics = split(backend.discover())
     assert len(gpus) == 8 and nics == []
     assert all("rail" not in attrs(g) and "nvlinkDomain" in attrs(g) for g in gpus)
@@ -477,6 +484,44 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown mock profile" in capsys.readouterr().err
 
 
-def test_backend_is_the_real_class() -> None:
-    backend = load_backend("mock:l40s", "n1")
-    assert type(backend) is NvmlBackend
+def test_only_host_hardware_names_device_nodes() -> None:
+    """The same backend on the same mock hardware: as host hardware it names /dev nodes, as mock none."""
+    hw = _hardware("dgx-h100", "n1")
+    as_host = NvmlBackend("n1", nvml=hw.nvml, sysfs=hw.sysfs).discover()
+    as_mock = load_backend("mock:dgx-h100", "n1").discover()
+    gpus, nics = split(as_host)
+    assert [g.device_nodes for g in gpus] == [(f"/dev/nvidia{i}",) for i in range(8)]
+    assert [n.device_nodes for n in nics] == [
+        (f"/dev/infiniband/uverbs{i}",) for i in (0, 3, 4, 5, 6, 9, 10, 11)
+    ]  # uverbs index = RDMA function index; storage NICs 1/2/7/8 are not compute NICs
+    assert all(d.device_nodes == () for d in as_mock)
+    assert [d.model_copy(update={"device_nodes": ()}) for d in as_host] == as_mock  # nothing else differs
+    replay = discover(f"replay:{os.path.join(FIXTURES, 'h200-single-synthetic.yaml')}", "gpu-host")
+    assert [d.device_nodes for d in replay] == [()]
+
+
+def test_nodes_of_a_profile_share_one_sysfs_tree_but_not_their_changes() -> None:
+    a, b = load_backend("mock:dgx-h200", "share-a"), load_backend("mock:dgx-h200", "share-b")
+    assert a.sysfs.root == b.sysfs.root  # written once, read by both
+    assert load_backend("mock:dgx-h100", "share-c").sysfs.root != a.sysfs.root
+    before_b = b.discover()
+    assert isinstance(a.nvml, FakeNvml) and a.nvml.hardware is not None
+    a.nvml.hardware.hide_gpus([2])  # a GPU falls off node a's bus ...
+    assert a.sysfs.root != b.sysfs.root
+    assert not os.path.lexists(os.path.join(a.sysfs.root, "sys/bus/pci/devices/0000:52:00.0"))
+    assert "gpu-2" not in {d.name for d in a.discover()}
+    assert b.discover() == before_b  # ... and node b's hardware is untouched
+    assert os.path.lexists(os.path.join(b.sysfs.root, "sys/bus/pci/devices/0000:52:00.0"))
+
+
+def test_edited_profile_file_is_read_again(tmp_path: Any) -> None:
+    from topodra.hardware.mockprofile import PROFILE_DIR
+
+    path = tmp_path / "mine.yaml"
+    text = Path(PROFILE_DIR, "l4.yaml").read_text(encoding="utf-8")
+    path.write_text(text)
+    assert split(discover(f"mock:{path}"))[0][0].capacity == {"memory": "23034Mi"}
+    assert load_profile(str(path)) is load_profile(str(path))  # parsed once while unchanged
+    path.write_text(text.replace("memoryMiB: 23034", "memoryMiB: 23035"))
+    os.utime(path, ns=(1, 1))  # a different mtime even on a coarse clock
+    assert split(discover(f"mock:{path}"))[0][0].capacity == {"memory": "23035Mi"}

@@ -6,38 +6,34 @@
 - ``"mock:<profile>"`` or ``"mock:/path/profile.yaml"``: a mock server model (profiles/*.yaml);
 - ``"replay:/path/fixture.yaml"``: NVML answers and sysfs captured from a machine.
 
-All three return the same ``NvmlBackend``; mock and replay inject a fake
-``pynvml`` object and a generated sysfs tree, so the real discovery code runs.
+All three build the same ``NvmlBackend``, complete at construction: mock and
+replay hand it a fake ``pynvml`` object and a generated sysfs tree, so the real
+discovery code runs, and their devices carry no ``/dev`` nodes (none exist here).
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import weakref
+import importlib
 from typing import Any
 
-from topodra.hardware.base import DiscoveryConfig, DiscoveryError, HardwareBackend
+from topodra.hardware.base import DiscoveryConfig, DiscoveryError
 from topodra.hardware.nvml import NvmlBackend
+from topodra.hardware.sysfs import Sysfs
 
-__all__ = ["DiscoveryConfig", "DiscoveryError", "HardwareBackend", "NvmlBackend", "load_backend"]
+__all__ = ["DiscoveryConfig", "DiscoveryError", "NvmlBackend", "load_backend"]
 
 # Keys of ``overrides`` that change what mock hardware *is*, rather than how discovery reads it.
 MOCK_ONLY_KEYS = ("hideGpus", "clusterUUID", "cliqueId")
 
 
-def _root(backend: NvmlBackend, sysfs_root: str | None, node_name: str) -> str:
-    if sysfs_root is not None:
-        return sysfs_root
-    root = tempfile.mkdtemp(prefix=f"topodra-sysfs-{node_name[:40]}-")
-    weakref.finalize(backend, shutil.rmtree, root, True)
-    return root
-
-
 def load_backend(
     spec: str, node_name: str, *, sysfs_root: str | None = None, overrides: dict[str, Any] | None = None
 ) -> NvmlBackend:
-    """Build the backend for ``spec`` on ``node_name``; ValueError on a bad spec or override."""
+    """Build the backend for ``spec`` on ``node_name``; ValueError on a bad spec or override.
+
+    For mock and replay hardware, ``sysfs_root`` is where their tree is written
+    (the caller's to change); without it, nodes with the same tree share one copy.
+    """
     if not node_name:
         raise ValueError("node name must not be empty")
     ov = dict(overrides or {})
@@ -45,21 +41,21 @@ def load_backend(
     if spec == "nvml":
         if mock_keys:
             raise ValueError(f"overrides {sorted(mock_keys)} apply to mock hardware only")
-        return NvmlBackend(node_name, sysfs_root=sysfs_root or "/", config=DiscoveryConfig.model_validate(ov))
+        return NvmlBackend(
+            node_name,
+            nvml=importlib.import_module("pynvml"),
+            sysfs=Sysfs(sysfs_root or "/"),
+            config=DiscoveryConfig.model_validate(ov),
+        )
     if spec.startswith("replay:"):
-        from topodra.hardware.mock import FakeNvml
-        from topodra.hardware.replay import load_fixture
+        from topodra.hardware.replay import load_fixture, replay_backend
 
         if mock_keys:
             raise ValueError(f"overrides {sorted(mock_keys)} apply to mock profiles only, not replays")
         fx = load_fixture(spec.removeprefix("replay:"))
-        backend = NvmlBackend(node_name, nvml=FakeNvml(fx.nvml), config=DiscoveryConfig.model_validate(ov))
-        root = _root(backend, sysfs_root, node_name)
-        fx.sysfs.materialize(root)
-        backend.sysfs.root = root
-        return backend
+        return replay_backend(fx, node_name, config=DiscoveryConfig.model_validate(ov), sysfs_root=sysfs_root)
     if spec.startswith("mock:"):
-        from topodra.hardware.mock import MockHardware
+        from topodra.hardware.mock import mock_backend
         from topodra.hardware.mockprofile import Fabric, load_profile
 
         profile = load_profile(spec.removeprefix("mock:"))
@@ -71,10 +67,7 @@ def load_backend(
             cliqueId=mock_keys.get("cliqueId", profile.fabric.cliqueId),
         )
         config = DiscoveryConfig.model_validate({**profile.discovery, **ov})
-        backend = NvmlBackend(node_name, config=config)
-        root = _root(backend, sysfs_root, node_name)
-        hw = MockHardware(profile, node_name, root, frozenset(hidden), fabric)
-        backend.nvml = hw.nvml
-        backend.sysfs.root = root
-        return backend
+        return mock_backend(
+            profile, node_name, config=config, hidden=frozenset(hidden), fabric=fabric, sysfs_root=sysfs_root
+        )
     raise ValueError(f"unknown hardware spec {spec!r}: use 'nvml', 'mock:<profile|path>' or 'replay:<path>'")

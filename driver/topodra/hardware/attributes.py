@@ -13,7 +13,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from topodra.devices import AttributeValue, Device, b, i, s, ver
+from topodra.devices import AttributeValue, Device, bool_attr, int_attr, string_attr, version_attr
 from topodra.hardware.pairing import NicPairing
 from topodra.hardware.sysfs import PciLocation, RdmaNic
 
@@ -107,7 +107,7 @@ def architecture_name(arch: int | None, cc: tuple[int, int] | None) -> str | Non
     return {7: "volta", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major)
 
 
-def quantity(n_bytes: int) -> str:
+def format_quantity(n_bytes: int) -> str:
     """Exact Kubernetes quantity in the largest binary unit that divides the byte count."""
     for unit, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
         if n_bytes % factor == 0 and n_bytes >= factor:
@@ -154,84 +154,90 @@ def _locality(attrs: dict[str, AttributeValue], loc: PciLocation | None) -> None
     if loc is None:
         return
     if loc.root is not None:
-        attrs[STD + "pcieRoot"] = s(loc.root)
+        attrs[STD + "pcieRoot"] = string_attr(loc.root)
     if loc.numa_node is not None:
-        attrs[STD + "numaNode"] = i(loc.numa_node)
-        attrs["numaNode"] = i(loc.numa_node)
+        attrs[STD + "numaNode"] = int_attr(loc.numa_node)
+        attrs["numaNode"] = int_attr(loc.numa_node)
     if loc.switch is not None:
-        attrs["pcieSwitch"] = s(loc.switch)
+        attrs["pcieSwitch"] = string_attr(loc.switch)
     if loc.cpu_socket is not None:
-        attrs["cpuSocket"] = i(loc.cpu_socket)
+        attrs["cpuSocket"] = int_attr(loc.cpu_socket)
 
 
-def gpu_device(gpu: GpuInfo, system: SystemInfo, topo: GpuTopology) -> Device:
-    """The published GPU device (name ``gpu-<minor>``; NVML index if the minor is unknown)."""
+def gpu_device(gpu: GpuInfo, system: SystemInfo, topo: GpuTopology, *, device_nodes: bool) -> Device:
+    """The published GPU device (name ``gpu-<minor>``; NVML index if the minor is unknown).
+
+    ``device_nodes``: whether the GPU's ``/dev/nvidiaN`` exists on this host (not for mock hardware).
+    """
     attrs: dict[str, AttributeValue] = {
-        "type": s("gpu"),
-        "uuid": s(gpu.uuid),
-        "productName": s(gpu.product_name[:64]),
-        "model": s(normalize_model(gpu.product_name, gpu.memory_bytes)),
-        STD + "pciBusID": s(gpu.bdf),
+        "type": string_attr("gpu"),
+        "uuid": string_attr(gpu.uuid),
+        "productName": string_attr(gpu.product_name[:64]),
+        "model": string_attr(normalize_model(gpu.product_name, gpu.memory_bytes)),
+        STD + "pciBusID": string_attr(gpu.bdf),
     }
     if gpu.brand is not None:
-        attrs["brand"] = s(BRANDS.get(gpu.brand, "Unknown"))
+        attrs["brand"] = string_attr(BRANDS.get(gpu.brand, "Unknown"))
     arch = architecture_name(gpu.architecture, gpu.compute_capability)
     if arch:
-        attrs["architecture"] = s(arch)
+        attrs["architecture"] = string_attr(arch)
     if gpu.compute_capability is not None:
-        attrs["cudaComputeCapability"] = ver(f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}.0")
+        attrs["cudaComputeCapability"] = version_attr(f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}.0")
     if system.driver_version is not None:
         dv = semver(system.driver_version)
         if dv:
-            attrs["driverVersion"] = ver(dv)
+            attrs["driverVersion"] = version_attr(dv)
         else:
             log.warning("driver version %r is not numeric; driverVersion omitted", system.driver_version)
     if system.cuda_driver_version is not None:
-        attrs["cudaDriverVersion"] = ver(cuda_version(system.cuda_driver_version))
+        attrs["cudaDriverVersion"] = version_attr(cuda_version(system.cuda_driver_version))
     if gpu.minor is not None:
-        attrs["minor"] = i(gpu.minor)
+        attrs["minor"] = int_attr(gpu.minor)
     if gpu.mig_capable is not None:
-        attrs["migCapable"] = b(gpu.mig_capable)
+        attrs["migCapable"] = bool_attr(gpu.mig_capable)
     _locality(attrs, topo.location)
     if topo.nvlink_domain is not None:
-        attrs["nvlinkDomain"] = s(topo.nvlink_domain)
+        attrs["nvlinkDomain"] = string_attr(topo.nvlink_domain)
         if topo.nvlink_domain_size is not None:
-            attrs["nvlinkDomainSize"] = i(topo.nvlink_domain_size)
+            attrs["nvlinkDomainSize"] = int_attr(topo.nvlink_domain_size)
         if gpu.nvlink_version is not None:
-            attrs["nvlinkVersion"] = i(gpu.nvlink_version)
-        attrs["nvlinkLinks"] = i(gpu.nvlink_active_links)
+            attrs["nvlinkVersion"] = int_attr(gpu.nvlink_version)
+        attrs["nvlinkLinks"] = int_attr(gpu.nvlink_active_links)
     if topo.nic is not None:
-        attrs["nicName"] = s(topo.nic.nic)
-        attrs["nicDistance"] = s(topo.nic.distance)
+        attrs["nicName"] = string_attr(topo.nic.nic)
+        attrs["nicDistance"] = string_attr(topo.nic.distance)
     if topo.rail is not None:
-        attrs["rail"] = i(topo.rail)
+        attrs["rail"] = int_attr(topo.rail)
     number = gpu.minor if gpu.minor is not None else gpu.index
     return Device(
         name=f"gpu-{number}",
         kind="gpu",
         attributes=attrs,
-        capacity={"memory": quantity(gpu.memory_bytes)},
+        capacity={"memory": format_quantity(gpu.memory_bytes)},
         uuid=gpu.uuid,
-        device_nodes=(f"/dev/nvidia{number}",),
+        device_nodes=(f"/dev/nvidia{number}",) if device_nodes else (),
     )
 
 
-def nic_device(index: int, nic: RdmaNic, rail: int) -> Device:
-    """The published compute NIC device (name ``nic-<index in compute-NIC order>``)."""
+def nic_device(index: int, nic: RdmaNic, rail: int, *, device_nodes: bool) -> Device:
+    """The published compute NIC device (name ``nic-<index in compute-NIC order>``).
+
+    ``device_nodes``: whether the NIC's ``/dev/infiniband/uverbsN`` exists on this host (not for mock hardware).
+    """
     attrs: dict[str, AttributeValue] = {
-        "type": s("nic"),
-        "rail": i(rail),
-        "rdmaDevice": s(nic.name),
-        STD + "pciBusID": s(nic.bdf),
+        "type": string_attr("nic"),
+        "rail": int_attr(rail),
+        "rdmaDevice": string_attr(nic.name),
+        STD + "pciBusID": string_attr(nic.bdf),
     }
     if nic.netdevs:
-        attrs["netdev"] = s(nic.netdevs[0])
+        attrs["netdev"] = string_attr(nic.netdevs[0])
     if nic.rate_gbps is not None:
-        attrs["linkRate"] = i(nic.rate_gbps)
+        attrs["linkRate"] = int_attr(nic.rate_gbps)
     if nic.link_layer:
-        attrs["linkLayer"] = s(nic.link_layer[:64])
+        attrs["linkLayer"] = string_attr(nic.link_layer[:64])
     _locality(attrs, nic.location)
-    nodes = (f"/dev/infiniband/{nic.uverbs}",) if nic.uverbs else ()
+    nodes = (f"/dev/infiniband/{nic.uverbs}",) if nic.uverbs and device_nodes else ()
     return Device(
         name=f"nic-{index}",
         kind="nic",

@@ -1,36 +1,17 @@
-"""What every hardware backend promises, and the knobs an operator can turn.
+"""Discovery's error type and the knobs an operator can turn.
 
-A backend turns the host's GPUs and compute NICs into ``Device`` objects.  The
-real backend (``nvml.py``) reads NVML and sysfs; mock hardware and replayed
-captures feed that same backend a fake ``pynvml`` and a fake sysfs tree, so
-there is exactly one discovery code path.
+There is one backend (``nvml.py``): it reads NVML and sysfs.  Mock hardware and
+replayed captures build that same backend with a fake ``pynvml`` and a
+generated sysfs tree, so there is exactly one discovery code path.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from topodra.devices import Device
 
 
 class DiscoveryError(RuntimeError):
     """Discovery cannot produce a trustworthy device list (e.g. a mandatory NVML call failed)."""
-
-
-@runtime_checkable
-class HardwareBackend(Protocol):
-    """Source of the node's devices.
-
-    ``discover()`` may be called again at any time (e.g. on a timer or after a
-    GPU falls off the bus); each call re-reads the hardware and returns the full
-    current list in a deterministic order (gpu-* by minor number, then nic-* in
-    rail order).  The publisher compares lists and republishes with a new pool
-    generation when they differ.
-    """
-
-    def discover(self) -> list[Device]: ...
 
 
 class DiscoveryConfig(BaseModel):

@@ -3,9 +3,10 @@
 ``FakeNvml`` answers NVML queries from ``NvmlFacts`` using pynvml's own
 constants, error classes and ctypes structs, so ``NvmlBackend`` cannot tell it
 from the real module.  ``MockHardware`` ties a profile to a node name and a
-sysfs root and can change the hardware later (e.g. hide a GPU) to exercise
-rediscovery.  Tests may replace any ``nvml*`` function on a ``FakeNvml``
-instance, or ``remove`` one to mimic an older binding.
+sysfs tree and can change the hardware later (e.g. hide a GPU) to exercise
+rediscovery.  ``mock_backend`` builds the real ``NvmlBackend`` on it.  Tests
+may replace any ``nvml*`` function on a ``FakeNvml`` instance, or ``remove``
+one to mimic an older binding.
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ from typing import Any
 
 import pynvml
 
-from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts
+from topodra.hardware.base import DiscoveryConfig
+from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, shared_root
 from topodra.hardware.mockprofile import Fabric, Profile, build_facts, build_tree
+from topodra.hardware.nvml import NvmlBackend
+from topodra.hardware.sysfs import Sysfs
 
 _ERROR_CODES: dict[str, int] = {
     cls.__name__.removeprefix("NVMLError_"): code
     for code, cls in pynvml.NVMLError._valClassMapping.items()  # the binding's own name table
 }
 _SHARED_PREFIXES = ("NVML_", "NVMLError", "c_nvml", "nvmlPciInfo", "nvmlMemory", "nvmlFriendlyObject")
+# pynvml's constants, error classes and structs, collected once (not per FakeNvml: there is one per mock node).
+_SHARED: dict[str, Any] = {name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith(_SHARED_PREFIXES)}
 
 
 def nvml_error(name: str) -> pynvml.NVMLError:
@@ -42,22 +48,23 @@ class FakeNvml:
     """A ``pynvml``-compatible object serving ``NvmlFacts``."""
 
     def __init__(self, facts: NvmlFacts) -> None:
-        for name in dir(pynvml):
-            if name.startswith(_SHARED_PREFIXES):
-                setattr(self, name, getattr(pynvml, name))
+        self.__dict__.update(_SHARED)
         self.facts = facts
         self.init_count = 0
         self.hardware: MockHardware | None = None
-        self._removed: set[str] = set()
-
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("nvml") and name in object.__getattribute__(self, "_removed"):
-            raise AttributeError(name)
-        return object.__getattribute__(self, name)
 
     def remove(self, fn_name: str) -> None:
-        """Make ``fn_name`` disappear, as in an older nvidia-ml-py."""
-        self._removed.add(fn_name)
+        """Make ``fn_name`` disappear from this instance, as in an older nvidia-ml-py.
+
+        The instance moves to a subclass where the name is a property raising
+        AttributeError, so ``getattr(nvml, name, None)`` is None and no other
+        attribute lookup pays for the feature.
+        """
+
+        def gone(_: FakeNvml) -> Any:
+            raise AttributeError(fn_name)
+
+        self.__class__ = type(type(self).__name__, (type(self),), {fn_name: property(gone)})
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -194,19 +201,55 @@ class FakeNvml:
 
 
 class MockHardware:
-    """A profile instantiated for one node, materialized under ``root``."""
+    """A profile instantiated for one node: NVML answers plus the sysfs tree they sit in.
 
-    def __init__(self, profile: Profile, node: str, root: str, hidden: frozenset[int], fabric: Fabric) -> None:
-        self.profile, self.node, self.root, self.fabric = profile, node, root, fabric
+    With ``sysfs_root`` the tree is written there and belongs to the caller (a
+    test may then damage it).  Without, the node reads the process-wide tree
+    that every node of the profile shares (``facts.shared_root``).
+    """
+
+    def __init__(
+        self, profile: Profile, node: str, hidden: frozenset[int], fabric: Fabric, sysfs_root: str | None = None
+    ) -> None:
+        self.profile, self.node, self.fabric = profile, node, fabric
+        self._own_root = sysfs_root
+        self._check(hidden)
         self.nvml = FakeNvml(build_facts(profile, node, hidden, fabric))
         self.nvml.hardware = self
-        self.hide_gpus(hidden)
+        self.sysfs = Sysfs(self._place(hidden))
+
+    def _check(self, hidden: frozenset[int]) -> None:
+        bad = sorted(s for s in hidden if not 0 <= s < len(self.profile.gpus))
+        if bad:
+            raise ValueError(f"profile {self.profile.name} has no GPU slot(s) {bad}")
+
+    def _place(self, hidden: frozenset[int]) -> str:
+        tree = build_tree(self.profile, hidden)
+        if self._own_root is None:
+            return shared_root(tree)
+        tree.materialize(self._own_root)
+        return self._own_root
 
     def hide_gpus(self, slots: frozenset[int] | set[int] | list[int]) -> None:
         """Make GPU slots vanish from NVML and the PCI bus (or come back, if left out)."""
         hidden = frozenset(slots)
-        bad = [s for s in hidden if not 0 <= s < len(self.profile.gpus)]
-        if bad:
-            raise ValueError(f"profile {self.profile.name} has no GPU slot(s) {bad}")
+        self._check(hidden)
         self.nvml.facts = build_facts(self.profile, self.node, hidden, self.fabric)
-        build_tree(self.profile, self.node, hidden).materialize(self.root)
+        self.sysfs.root = self._place(hidden)
+
+
+def mock_backend(
+    profile: Profile,
+    node_name: str,
+    *,
+    config: DiscoveryConfig,
+    hidden: frozenset[int] = frozenset(),
+    fabric: Fabric | None = None,
+    sysfs_root: str | None = None,
+) -> NvmlBackend:
+    """The real backend reading ``profile`` as ``node_name``'s hardware.
+
+    Mock GPUs and NICs have no ``/dev`` nodes on this host, so the devices carry none.
+    """
+    hw = MockHardware(profile, node_name, hidden, fabric or profile.fabric, sysfs_root)
+    return NvmlBackend(node_name, nvml=hw.nvml, sysfs=hw.sysfs, config=config, host_device_nodes=False)

@@ -3,21 +3,37 @@
 A profile describes one server model as it really is: the NVML product name,
 memory, capabilities, which NVML calls answer NotSupported, the NVLink wiring,
 the PCIe tree (host bridge + bridge chain per device), NUMA/CPU layout and the
-RDMA NICs.  Per node, GPU UUIDs and NIC GUIDs are derived from the node name,
-so the same node always gets the same identities.
+RDMA NICs.  Per node, GPU UUIDs are derived from the node name, so the same
+node always gets the same identities.
+
+Node-specific facts live in the NVML answers only.  The sysfs tree depends on
+the profile (and the hidden GPU slots) alone, so every node of a profile can
+read one shared tree: a 50-node cluster writes 3 trees, not 50.  NIC GUIDs are
+therefore the same on every node of a profile; they name a NIC within its node
+(the device's private UUID), which is all discovery and prepare use them for.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import uuid as uuidlib
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, SysfsTree
+from topodra.hardware.facts import (
+    YAML_LOADER,
+    FabricFacts,
+    GpuFacts,
+    LinkFacts,
+    NvmlErr,
+    NvmlFacts,
+    PciFacts,
+    SysfsTree,
+)
 from topodra.hardware.sysfs import BDF, parse_cpulist
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
@@ -130,18 +146,35 @@ def profile_names() -> list[str]:
     return sorted(f[: -len(".yaml")] for f in os.listdir(PROFILE_DIR) if f.endswith(".yaml"))
 
 
+_profiles: dict[tuple[str, int, int], Profile] = {}
+_profiles_lock = threading.Lock()
+
+
 def load_profile(name_or_path: str) -> Profile:
-    """A bundled profile by name (``dgx-h100``) or a profile YAML file by path."""
+    """A bundled profile by name (``dgx-h100``) or a profile YAML file by path.
+
+    Parsed once per file version (path, mtime, size): a simulated cluster loads
+    the same few profiles for every node, and an edited file is read again.
+    """
     path = name_or_path if os.sep in name_or_path or name_or_path.endswith(".yaml") else None
     if path is None:
         if name_or_path not in profile_names():
             raise ValueError(f"unknown mock profile {name_or_path!r}; bundled: {', '.join(profile_names())}")
         path = os.path.join(PROFILE_DIR, name_or_path + ".yaml")
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    with _profiles_lock:
+        cached = _profiles.get(key)
+    if cached is not None:
+        return cached
     with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+        data = yaml.load(f, Loader=YAML_LOADER)  # a safe loader: CSafeLoader or SafeLoader
     if not isinstance(data, dict):
         raise ValueError(f"profile {path}: expected a mapping")
-    return Profile.model_validate(data)
+    profile = Profile.model_validate(data)
+    with _profiles_lock:
+        _profiles[key] = profile
+    return profile
 
 
 def gpu_uuid(node: str, slot: int) -> str:
@@ -149,8 +182,8 @@ def gpu_uuid(node: str, slot: int) -> str:
     return "GPU-" + str(uuidlib.uuid5(UUID_NAMESPACE, f"{node}/gpu/{slot}"))
 
 
-def _guid(node: str, what: str) -> str:
-    h = hashlib.sha256(f"{node}/{what}".encode()).hexdigest()[:16]
+def _guid(profile: str, what: str) -> str:
+    h = hashlib.sha256(f"{profile}/{what}".encode()).hexdigest()[:16]
     return ":".join(h[i : i + 4] for i in range(0, 16, 4))
 
 
@@ -229,8 +262,11 @@ def _pci_device(tree: SysfsTree, p: PciPlacement, cpus: str, vendor: str, pci_cl
     return dev
 
 
-def build_tree(profile: Profile, node: str, hidden: frozenset[int]) -> SysfsTree:
-    """The sysfs tree of ``node``: PCI devices, RDMA NICs, CPU/NUMA topology."""
+def build_tree(profile: Profile, hidden: frozenset[int]) -> SysfsTree:
+    """The sysfs tree of every node of ``profile``: PCI devices, RDMA NICs, CPU/NUMA topology.
+
+    GPU slots in ``hidden`` are gone from the PCI bus.  No fact here depends on the node.
+    """
     tree = SysfsTree()
     cpus_of = {n.node: n.cpus for n in profile.numa}
     all_cpus = ",".join(n.cpus for n in profile.numa)
@@ -253,8 +289,8 @@ def build_tree(profile: Profile, node: str, hidden: frozenset[int]) -> SysfsTree
         tree.files[f"{ib}/ports/1/rate"] = nic.rate
         tree.files[f"{ib}/ports/1/link_layer"] = nic.linkLayer
         tree.files[f"{ib}/ports/1/state"] = "4: ACTIVE"
-        tree.files[f"{ib}/node_guid"] = _guid(node, f"nic/{nic.name}")
-        tree.files[f"{ib}/sys_image_guid"] = _guid(node, f"card/{nic.card}")
+        tree.files[f"{ib}/node_guid"] = _guid(profile.name, f"nic/{nic.name}")
+        tree.files[f"{ib}/sys_image_guid"] = _guid(profile.name, f"card/{nic.card}")
         tree.links[f"{ib}/device"] = dev
         tree.links[f"sys/class/infiniband/{nic.name}"] = ib
         tree.dirs.append(f"{dev}/infiniband_verbs/uverbs{idx}")

@@ -1,7 +1,8 @@
 """The real discovery backend: NVML (nvidia-ml-py) for GPU facts, sysfs for locality and NICs.
 
-Mock hardware and replayed captures inject a fake ``pynvml`` module object and a
-fake sysfs root into this same class, so tests exercise this code, not a copy.
+Mock hardware and replayed captures construct this same class with a fake
+``pynvml`` module object and a generated sysfs tree, so tests exercise this
+code, not a copy.
 
 Error policy: mandatory facts (GPU count, handle, UUID, name, memory, PCI info)
 raise ``DiscoveryError``; every other call is optional — NotSupported and
@@ -12,7 +13,6 @@ plus a warning naming the GPU.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import logging
 import re
 import uuid as uuidlib
@@ -56,20 +56,30 @@ class _Fabric:
 
 
 class NvmlBackend:
-    """Discover GPUs via a ``pynvml``-compatible module and NICs/locality via sysfs."""
+    """Discover GPUs via a ``pynvml``-compatible module and NICs/locality via sysfs.
+
+    Everything the backend reads comes in through the constructor: ``nvml`` (the
+    ``pynvml`` module, or ``FakeNvml``), ``sysfs`` (``/`` on a real host, a
+    generated tree for mock hardware) and ``config``.  ``host_device_nodes`` is
+    False for hardware that is not this host's (mock profiles, replays): its
+    ``/dev/nvidiaN`` and ``/dev/infiniband/uverbsN`` do not exist here, so the
+    devices carry none and CDI specs never name them.
+    """
 
     def __init__(
         self,
         node_name: str,
         *,
-        nvml: Any | None = None,
-        sysfs_root: str = "/",
+        nvml: Any,
+        sysfs: Sysfs,
         config: DiscoveryConfig | None = None,
+        host_device_nodes: bool = True,
     ) -> None:
         self.node_name = node_name
-        self.nvml: Any = nvml if nvml is not None else importlib.import_module("pynvml")
-        self.sysfs = Sysfs(sysfs_root)
+        self.nvml: Any = nvml
+        self.sysfs = sysfs
         self.config = config or DiscoveryConfig()
+        self.host_device_nodes = host_device_nodes
 
     # -- NVML call wrappers -------------------------------------------------------------------------
 
@@ -265,7 +275,11 @@ class NvmlBackend:
     # -- assembly -------------------------------------------------------------------------------
 
     def discover(self) -> list[Device]:
-        """Read NVML and sysfs now and return gpu-* (by minor) then nic-* (rail order)."""
+        """Read NVML and sysfs now and return gpu-* (by minor) then nic-* (rail order).
+
+        May be called again at any time (timer, SIGHUP, a GPU fell off the bus):
+        each call re-reads the hardware, and the same hardware gives an equal list.
+        """
         system, gpus, links, fabrics = self._read_nvml()
         gpu_bdfs = {g.bdf for g in gpus}
         switch_type = int(getattr(self.nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
@@ -306,12 +320,15 @@ class NvmlBackend:
                 nic=pair,
                 rail=rails[pair.nic] if pair is not None else None,
             )
-            devices.append(gpu_device(g, system, topo))
+            devices.append(gpu_device(g, system, topo, device_nodes=self.host_device_nodes))
         devices.sort(key=lambda d: int(d.name.split("-")[1]))
         names = [d.name for d in devices]
         if len(set(names)) != len(names):
             raise DiscoveryError(f"node {self.node_name}: duplicate GPU minor numbers: {names}")
-        devices.extend(nic_device(idx, nic, rails[nic.name]) for idx, nic in enumerate(compute))
+        devices.extend(
+            nic_device(idx, nic, rails[nic.name], device_nodes=self.host_device_nodes)
+            for idx, nic in enumerate(compute)
+        )
         for d in devices:
             log.debug("node %s: discovered %s %s", self.node_name, d.name, d.uuid)
         return devices

@@ -22,8 +22,21 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, SysfsTree
-from topodra.hardware.sysfs import BDF
+from topodra.hardware.base import DiscoveryConfig
+from topodra.hardware.facts import (
+    YAML_LOADER,
+    FabricFacts,
+    GpuFacts,
+    LinkFacts,
+    NvmlErr,
+    NvmlFacts,
+    PciFacts,
+    SysfsTree,
+    shared_root,
+)
+from topodra.hardware.mock import FakeNvml
+from topodra.hardware.nvml import NvmlBackend
+from topodra.hardware.sysfs import BDF, Sysfs
 
 
 class ReplayFixture(BaseModel):
@@ -37,10 +50,26 @@ class ReplayFixture(BaseModel):
 
 def load_fixture(path: str) -> ReplayFixture:
     with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+        data = yaml.load(f, Loader=YAML_LOADER)  # a safe loader: CSafeLoader or SafeLoader
     if not isinstance(data, dict):
         raise ValueError(f"replay fixture {path}: expected a mapping")
     return ReplayFixture.model_validate(data)
+
+
+def replay_backend(
+    fx: ReplayFixture, node_name: str, *, config: DiscoveryConfig, sysfs_root: str | None = None
+) -> NvmlBackend:
+    """The real backend serving a capture's NVML answers and sysfs files as ``node_name``'s hardware.
+
+    The tree goes to ``sysfs_root`` if given, else to a shared read-only copy.  The
+    captured machine's ``/dev`` nodes are not on this host, so the devices carry none.
+    """
+    if sysfs_root is None:
+        root = shared_root(fx.sysfs)
+    else:
+        fx.sysfs.materialize(sysfs_root)
+        root = sysfs_root
+    return NvmlBackend(node_name, nvml=FakeNvml(fx.nvml), sysfs=Sysfs(root), config=config, host_device_nodes=False)
 
 
 def dump_fixture(fx: ReplayFixture) -> str:

@@ -63,11 +63,7 @@ class Plugin:
                                    overrides=overrides)
         except (ValueError, OSError) as e:
             raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
-        devices = backend.discover()
-        if not cfg.hardware.startswith("nvml"):
-            # Mock and replayed GPUs have no /dev/nvidia* on this host; CDI must not reference them.
-            devices = [d.model_copy(update={"device_nodes": ()}) for d in devices]
-        return devices
+        return backend.discover()
 
     def rediscover(self) -> None:
         """Hardware or its config changed (or may have): push the new device set everywhere."""
