@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from topodra import cdi
-from topodra.devices import Device, s
+from topodra.devices import Device, string_attr
 
 DRIVER = "gpu.topodra.io"
 UID_DIGIT = "5f0c2a9e-1b7d-4c8e-9a51-3e2d4b6f7a80"
@@ -21,7 +21,7 @@ UID_LETTER = "ab0c2a9e-1b7d-4c8e-9a51-3e2d4b6f7a80"
 
 def gpu(n: int, nodes: bool = True) -> Device:
     return Device(
-        name=f"gpu-{n}", kind="gpu", attributes={"model": s("H100-SXM5-80GB")}, capacity={"memory": "80Gi"},
+        name=f"gpu-{n}", kind="gpu", attributes={"model": string_attr("H100-SXM5-80GB")}, capacity={"memory": "80Gi"},
         uuid=f"GPU-0000000{n}-aaaa-bbbb-cccc-dddddddddddd",
         device_nodes=(f"/dev/nvidia{n}", "/dev/nvidiactl", "/dev/nvidia-uvm") if nodes else (),
         env={f"TOPODRA_DEVICE_GPU_{n}_NVLINK_DOMAIN": "clique-1"},
@@ -56,7 +56,6 @@ def test_build_spec_shape() -> None:
     assert [n["path"] for n in g0["deviceNodes"]] == ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]
     assert spec["devices"][2]["containerEdits"]["deviceNodes"] == [{"path": "/dev/infiniband/uverbs0"}]
     cdi.validate_spec(spec)
-    assert cdi.spec_device_ids(spec)[0] == f"k8s.gpu.topodra.io/claim={UID_DIGIT}-gpu-0"
 
 
 def test_mock_devices_have_no_device_nodes_and_lowest_version() -> None:
@@ -128,10 +127,21 @@ def test_validate_rejects(mutate: Any, needle: str) -> None:
     assert needle in str(ei.value)
 
 
-def test_write_is_atomic_validated_and_removable(tmp_path: Path) -> None:
+def test_valid_spec_builds_and_validates_once() -> None:
+    sds = [cdi.SpecDevice(gpu(0))]
+    assert cdi.valid_spec(DRIVER, UID_DIGIT, sds) == cdi.build_spec(DRIVER, UID_DIGIT, sds)
+    bad = Device(name="gpu-9", kind="gpu", env={"1BAD": "x"})  # not a valid environment variable name
+    with pytest.raises(cdi.CDISpecInvalid, match="'1BAD=x' is not KEY=VALUE"):
+        cdi.valid_spec(DRIVER, UID_DIGIT, [cdi.SpecDevice(bad)])
+
+
+def test_write_is_atomic_unsynced_and_removable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "cdi"
     spec = _valid()
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
     path = cdi.write_spec(root, DRIVER, UID_DIGIT, spec)
+    assert synced == []  # re-created from the checkpoint at start, so never fsynced
     assert path.name == f"k8s.gpu.topodra.io-claim_{UID_DIGIT}.json"
     assert json.loads(path.read_text()) == spec
     assert path.stat().st_mode & 0o777 == 0o644  # the runtime must be able to read it
@@ -139,15 +149,10 @@ def test_write_is_atomic_validated_and_removable(tmp_path: Path) -> None:
     assert cdi.spec_exists(root, DRIVER, UID_DIGIT)
     assert cdi.claim_spec_uids(root, DRIVER) == {UID_DIGIT}
 
-    bad = _valid()
-    bad["kind"] = "broken"
-    with pytest.raises(cdi.CDISpecInvalid):
-        cdi.write_spec(root, DRIVER, UID_LETTER, bad)
-    assert not cdi.spec_exists(root, DRIVER, UID_LETTER)  # invalid specs are never written
-
     assert cdi.remove_spec(root, DRIVER, UID_DIGIT) is True
     assert cdi.remove_spec(root, DRIVER, UID_DIGIT) is False
     assert list(root.iterdir()) == []
+    assert synced == []
 
 
 def test_claim_spec_uids_ignores_foreign_and_temp_files(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ import pytest
 from conftest import ClusterHandle, wait_for
 
 from topodra.apipaths import slices_path
-from topodra.devices import Device, i, s
+from topodra.devices import Device, int_attr, string_attr
+from topodra.inventory import Inventory
 from topodra.kube import KubeError
 from topodra.publisher import SlicePublisher
 from topodra.slices import build_slices, device_sort_key, same_content
@@ -18,8 +19,8 @@ DRIVER = "gpu.topodra.io"
 
 def gpus(n: int, model: str = "H100-SXM5-80GB") -> list[Device]:
     return [Device(name=f"gpu-{k}", kind="gpu", uuid=f"GPU-{k:08x}",
-                   attributes={"type": s("gpu"), "model": s(model), "index": i(k),
-                               "resource.kubernetes.io/pcieRoot": s(f"pci0000:{k:02x}")},
+                   attributes={"type": string_attr("gpu"), "model": string_attr(model), "index": int_attr(k),
+                               "resource.kubernetes.io/pcieRoot": string_attr(f"pci0000:{k:02x}")},
                    capacity={"memory": "80Gi"}) for k in range(n)]
 
 
@@ -76,8 +77,8 @@ def _pool(cluster: ClusterHandle, node: str) -> list[dict]:  # type: ignore[type
 def test_publisher_publishes_reconciles_and_bumps_generation(cluster: ClusterHandle) -> None:
     node = "pub-node-0"
     cluster.fake_nodes([node])
-    pub = SlicePublisher(cluster.kube, DRIVER, node, resync_seconds=0.5, min_write_interval=0.1)
-    pub.set_devices(gpus(8))
+    inventory = Inventory(gpus(8))
+    pub = SlicePublisher(cluster.kube, DRIVER, node, inventory, resync_seconds=0.5, min_write_interval=0.1)
     pub.start()
     try:
         assert pub.wait_synced(30)
@@ -95,7 +96,7 @@ def test_publisher_publishes_reconciles_and_bumps_generation(cluster: ClusterHan
 
         # Hardware change: a GPU disappears -> republished with a new generation.
         gen2 = back[0]["spec"]["pool"]["generation"]
-        pub.set_devices(gpus(7))
+        assert inventory.set(gpus(7))
         wait_for(lambda: len(_pool(cluster, node)[0]["spec"]["devices"]) == 7, 30, "7-device pool")
         assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] > gen2
 
@@ -113,19 +114,16 @@ def test_publisher_publishes_reconciles_and_bumps_generation(cluster: ClusterHan
 def test_restarted_publisher_adopts_generation(cluster: ClusterHandle) -> None:
     node = "pub-node-1"
     cluster.fake_nodes([node])
-    p1 = SlicePublisher(cluster.kube, DRIVER, node)
-    p1.set_devices(gpus(4))
+    p1 = SlicePublisher(cluster.kube, DRIVER, node, Inventory(gpus(4)))
     assert p1.reconcile_once()
     gen = p1.generation
-    p2 = SlicePublisher(cluster.kube, DRIVER, node)
-    p2.set_devices(gpus(4))
+    p2 = SlicePublisher(cluster.kube, DRIVER, node, Inventory(gpus(4)))
     assert not p2.reconcile_once(), "identical content must not be rewritten after a restart"
     assert p2.generation == gen
 
 
 @pytest.mark.cluster
 def test_apiserver_rejects_nothing_we_publish_and_errors_are_clear(cluster: ClusterHandle) -> None:
-    p = SlicePublisher(cluster.kube, DRIVER, "no-such-node")
-    p.set_devices(gpus(1))
+    p = SlicePublisher(cluster.kube, DRIVER, "no-such-node", Inventory(gpus(1)))
     with pytest.raises(KubeError, match="does not exist"):
         p.reconcile_once()

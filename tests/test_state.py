@@ -1,8 +1,10 @@
 """Prepare/unprepare: every error path leaves no trace, idempotency, crash and reboot recovery, locking.
 
 The claim getter returns realistic ``resource.k8s.io/v1`` ResourceClaim JSON as
-the API server would; the CDI directory and checkpoint are real files in tmp
-dirs.  Crash tests run a real subprocess that dies at the crash point.
+the API server would; claims go through the plugin's real ``ClaimFetcher`` (read
+and checked before the lock) into the state, as in the plugin.  The CDI
+directory and checkpoint are real files in tmp dirs.  Crash tests run a real
+subprocess that dies at the crash point.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +25,11 @@ import pytest
 
 from topodra import cdi, checkpoint
 from topodra.checkpoint import CheckpointCorrupt
-from topodra.devices import Device, s
-from topodra.state import (
-    ClaimRef,
-    DeviceState,
-    PreparedDevice,
-    PrepareResult,
-    base_request_name,
-)
+from topodra.claims import ClaimRef, base_request_name
+from topodra.devices import Device, string_attr
+from topodra.inventory import Inventory
+from topodra.plugin.server import ClaimFetcher
+from topodra.state import DeviceState, PreparedDevice, PrepareResult
 
 DRIVER = "gpu.topodra.io"
 NODE = "node-a"
@@ -44,7 +42,7 @@ UID3 = "d2a8e6b0-3c4d-4e5f-9a6b-7c8d9e0f1a2b"
 
 def gpu(n: int, nodes: bool = False) -> Device:
     return Device(
-        name=f"gpu-{n}", kind="gpu", attributes={"model": s("H100-SXM5-80GB")}, capacity={"memory": "80Gi"},
+        name=f"gpu-{n}", kind="gpu", attributes={"model": string_attr("H100-SXM5-80GB")}, capacity={"memory": "80Gi"},
         uuid=f"GPU-{n:08d}-1111-2222-3333-444444444444",
         device_nodes=(f"/dev/nvidia{n}", "/dev/nvidiactl") if nodes else (),
     )
@@ -127,9 +125,14 @@ class Env:
         return self.root / "state"
 
     def state(self, devices: list[Device] | None = None, **kw: Any) -> DeviceState:
+        """A fresh DeviceState (a plugin (re)start) on its own inventory."""
         kw.setdefault("nvidia_spec_dirs", [])
-        return DeviceState(DRIVER, NODE, DEVICES if devices is None else devices, self.api, self.cdi_root,
+        return DeviceState(DRIVER, NODE, Inventory(DEVICES if devices is None else devices), self.cdi_root,
                            self.state_dir, boot_id_path=str(self.boot), **kw)
+
+    def prepare(self, st: DeviceState, refs: list[ClaimRef]) -> dict[str, PrepareResult]:
+        """What the gRPC layer does: read and check the claims (no lock), then prepare them."""
+        return st.prepare(ClaimFetcher(self.api, DRIVER, NODE, max_workers=2).fetch(refs))
 
     def snapshot(self) -> dict[str, bytes]:
         """Every file under cdi/ and the checkpoint, byte for byte."""
@@ -162,7 +165,7 @@ def spec_path(env: Env, uid: str) -> Path:
 def test_prepare_writes_spec_and_checkpoint(env: Env) -> None:
     ref = env.api.add("team-a", "train", UID1, [result("gpu-0"), result("gpu-1"), result("nic-0", "nics")])
     st = env.state()
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert out == {UID1: PrepareResult([
         PreparedDevice(["gpus"], NODE, "gpu-0", [f"{KIND}={UID1}-gpu-0"], None),
         PreparedDevice(["gpus"], NODE, "gpu-1", [f"{KIND}={UID1}-gpu-1"], None),
@@ -180,7 +183,7 @@ def test_prepare_writes_spec_and_checkpoint(env: Env) -> None:
 
 def test_subrequest_names_are_stripped(env: Env) -> None:
     ref = env.api.add("ns", "fallback", UID1, [result("gpu-2", request="gpus/h100")])
-    out = env.state().prepare([ref])
+    out = env.prepare(env.state(), [ref])
     assert out[UID1].devices[0].request_names == ["gpus"]
     assert base_request_name("a/b") == "a" and base_request_name("a") == "a"
 
@@ -188,7 +191,7 @@ def test_subrequest_names_are_stripped(env: Env) -> None:
 def test_other_drivers_results_are_ignored(env: Env) -> None:
     ref = env.api.add("ns", "mixed", UID1, [result("eth0", driver="dra.net", pool="node-a-net"),
                                             result("gpu-0")])
-    out = env.state().prepare([ref])
+    out = env.prepare(env.state(), [ref])
     assert [d.device_name for d in out[UID1].devices] == ["gpu-0"]
 
 
@@ -231,10 +234,10 @@ BAD_CASES: dict[str, BadCase] = {
 def test_failing_claim_changes_nothing(env: Env, case: str) -> None:
     st = env.state()
     first = env.api.add("ns", "first", UID1, [result("gpu-0")])
-    assert st.prepare([first])[UID1].error == ""
+    assert env.prepare(st, [first])[UID1].error == ""
     before = env.snapshot()
     ref = BAD_CASES[case].setup(env.api)
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert set(out) == {ref.uid}
     err = out[ref.uid].error
     assert BAD_CASES[case].needle in err
@@ -247,35 +250,23 @@ def test_getter_exception_is_a_claim_error(env: Env) -> None:
     ref = env.api.add("ns", "c", UID1, [result("gpu-0")])
     env.api.fail_with = RuntimeError("503 ServiceUnavailable: etcd leader changed")
     st = env.state()
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert "cannot read the ResourceClaim: 503" in out[UID1].error
     assert env.snapshot() == {}
     env.api.fail_with = None
-    assert st.prepare([ref])[UID1].error == ""  # retry works
+    assert env.prepare(st, [ref])[UID1].error == ""  # retry works
 
 
 def test_batch_answers_every_claim_and_isolates_failures(env: Env) -> None:
     good1 = env.api.add("ns", "a", UID1, [result("gpu-0")])
     bad = env.api.add("ns", "b", UID2, [result("gpu-0")])  # same exclusive device as a, same batch
     good2 = env.api.add("ns", "c", UID3, [result("gpu-1")])
-    out = env.state().prepare([good1, bad, good2])
+    out = env.prepare(env.state(), [good1, bad, good2])
     assert set(out) == {UID1, UID2, UID3}
     assert out[UID1].error == "" and out[UID3].error == ""
     assert "already in use by claim ns/a" in out[UID2].error
     assert set(env.checkpoint().claims) == {UID1, UID3}
     assert not spec_path(env, UID2).exists()
-
-
-def test_duplicate_uid_in_batch_is_refused_without_state_change(env: Env) -> None:
-    ref = env.api.add("ns", "dup", UID1, [result("gpu-0")])
-    other = env.api.add("ns", "ok", UID2, [result("gpu-1")])
-    st = env.state()
-    out = st.prepare([ref, other, ref])
-    assert set(out) == {UID1, UID2}
-    assert "appears 2 times" in out[UID1].error and "ns/dup" in out[UID1].error
-    assert out[UID2].error == ""
-    assert set(env.checkpoint().claims) == {UID2}
-    assert not spec_path(env, UID1).exists()
 
 
 def test_sharing_with_share_ids_and_admin_access(env: Env) -> None:
@@ -284,41 +275,42 @@ def test_sharing_with_share_ids_and_admin_access(env: Env) -> None:
                                                consumedCapacity={"memory": "10Gi"})])
     s2 = env.api.add("ns", "s2", UID2, [result("gpu-0", shareID="aaaaaaaa-0000-4000-8000-000000000002",
                                                consumedCapacity={"memory": "20Gi"})])
-    out = st.prepare([s1, s2])
+    out = env.prepare(st, [s1, s2])
     assert out[UID1].error == "" and out[UID2].error == ""
     assert out[UID2].devices[0].share_id == "aaaaaaaa-0000-4000-8000-000000000002"
     assert out[UID2].devices[0].cdi_device_ids == [f"{KIND}={UID2}-gpu-0-aaaaaaaa-0000-4000-8000-000000000002"]
     excl = env.api.add("ns", "excl", UID3, [result("gpu-0")])
     before = env.snapshot()
-    assert "already in use by claim ns/s1" in st.prepare([excl])[UID3].error
+    assert "already in use by claim ns/s1" in env.prepare(st, [excl])[UID3].error
     assert env.snapshot() == before
     admin_uid = "e0e0e0e0-0000-4000-8000-00000000ad00"
     admin = env.api.add("ns", "monitor", admin_uid, [result("gpu-0", adminAccess=True)])
-    assert st.prepare([admin])[admin_uid].error == ""
+    assert env.prepare(st, [admin])[admin_uid].error == ""
 
 
 def test_prepare_is_idempotent_and_survives_claim_deletion(env: Env) -> None:
     ref = env.api.add("ns", "c", UID1, [result("gpu-2"), result("nic-1", "nics")])
     st = env.state()
-    first = st.prepare([ref])
+    first = env.prepare(st, [ref])
     snap = env.snapshot()
-    calls = env.api.calls
     del env.api.claims[("ns", "c")]  # the kubelet may repeat prepare; the object is not needed again
-    assert st.prepare([ref]) == first
-    assert env.api.calls == calls
+    assert env.prepare(st, [ref]) == first
+    env.api.fail_with = RuntimeError("API server down")
+    assert env.prepare(st, [ref]) == first
+    env.api.fail_with = None
     assert env.snapshot() == snap
     spec_path(env, UID1).unlink()  # someone wiped the CDI file: a repeat brings it back
-    assert env.state().prepare([ref]) == first
+    assert env.prepare(env.state(), [ref]) == first
     assert env.snapshot() == snap
 
 
 def test_repeat_fails_cleanly_if_spec_cannot_be_rebuilt(env: Env) -> None:
     ref = env.api.add("ns", "c", UID1, [result("gpu-3")])
     st = env.state()
-    st.prepare([ref])
+    env.prepare(st, [ref])
     spec_path(env, UID1).unlink()
-    st.set_devices([d for d in DEVICES if d.name != "gpu-3"])
-    out = st.prepare([ref])
+    st.inventory.set([d for d in DEVICES if d.name != "gpu-3"])
+    out = env.prepare(st, [ref])
     assert "gpu-3 is no longer present" in out[UID1].error
     assert UID1 in env.checkpoint().claims  # still prepared: unprepare must still work
     assert st.unprepare([ref]) == {UID1: ""}
@@ -327,10 +319,10 @@ def test_repeat_fails_cleanly_if_spec_cannot_be_rebuilt(env: Env) -> None:
 def test_set_devices_changes_what_can_be_prepared(env: Env) -> None:
     st = env.state(devices=[gpu(0)])
     ref = env.api.add("ns", "c", UID1, [result("gpu-1")])
-    assert "unknown" in st.prepare([ref])[UID1].error
-    st.set_devices([gpu(0), gpu(1)])
-    assert st.prepare([ref])[UID1].error == ""
-    assert [d.name for d in st.devices] == ["gpu-0", "gpu-1"]
+    assert "unknown" in env.prepare(st, [ref])[UID1].error
+    assert st.inventory.set([gpu(0), gpu(1)])
+    assert env.prepare(st, [ref])[UID1].error == ""
+    assert not st.inventory.set([gpu(0), gpu(1)])  # no change, no notification
 
 
 def test_empty_batches() -> None:
@@ -354,7 +346,7 @@ def test_nvidia_toolkit_ids_compose(env: Env) -> None:
         """))
     st = env.state(devices=[g], nvidia_spec_dirs=[nv, env.cdi_root])
     ref = env.api.add("ns", "c", UID1, [result("gpu-1")])
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert out[UID1].devices[0].cdi_device_ids == [f"{KIND}={UID1}-gpu-1", f"nvidia.com/gpu={g.uuid}"]
     edits = json.loads(spec_path(env, UID1).read_text())["devices"][0]["containerEdits"]
     assert {"path": "/dev/nvidia1"} in edits["deviceNodes"]
@@ -368,7 +360,7 @@ def test_write_failures_roll_back(env: Env, monkeypatch: pytest.MonkeyPatch) -> 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(cdi, "write_spec", no_space)
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert "cannot write CDI spec" in out[UID1].error and "ns/c" in out[UID1].error
     assert env.checkpoint().claims == {}
     assert not spec_path(env, UID1).exists()
@@ -377,41 +369,83 @@ def test_write_failures_roll_back(env: Env, monkeypatch: pytest.MonkeyPatch) -> 
     real_save = checkpoint.save
     saves: list[int] = []
 
-    def second_save_fails(path: Path, data: checkpoint.CheckpointData) -> None:
+    def second_save_fails(path: Path, data: checkpoint.CheckpointData, **kw: Any) -> None:
         saves.append(1)
         if len(saves) == 2:
             raise OSError(5, "Input/output error")
-        real_save(path, data)
+        real_save(path, data, **kw)
 
     monkeypatch.setattr(checkpoint, "save", second_save_fails)
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert "cannot write checkpoint" in out[UID1].error
     assert not spec_path(env, UID1).exists()
     # The PrepareStarted entry on disk is rolled back by the next operation, which then succeeds.
     assert env.checkpoint().claims[UID1].state == "PrepareStarted"
-    assert st.prepare([ref])[UID1].error == ""
+    assert env.prepare(st, [ref])[UID1].error == ""
     assert env.checkpoint().claims[UID1].state == "PrepareCompleted"
 
 
-def test_metrics_gauges_follow_prepared_state(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    class Gauge:
-        value: float = -1
+@dataclass
+class Recorder:
+    """An ``Observer`` that keeps what it is told."""
 
-        def set(self, v: float) -> None:
-            self.value = v
+    counts: list[tuple[int, int]] = field(default_factory=list)
+    holds: list[tuple[str, float]] = field(default_factory=list)
 
-    claims_g, devices_g = Gauge(), Gauge()
-    fake = types.ModuleType("topodra.plugin.metrics")
-    fake.PREPARED_CLAIMS = claims_g  # type: ignore[attr-defined]
-    fake.PREPARED_DEVICES = devices_g  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "topodra.plugin.metrics", fake)
-    st = env.state()
-    assert claims_g.value == 0
+    def prepared(self, claims: int, devices: int) -> None:
+        self.counts.append((claims, devices))
+
+    def lock_held(self, operation: str, seconds: float) -> None:
+        self.holds.append((operation, seconds))
+
+    def published(self, devices: int) -> None:
+        raise AssertionError("the state publishes nothing")
+
+
+def test_observer_follows_prepared_state_and_lock_holds(env: Env) -> None:
+    rec = Recorder()
+    st = env.state(observer=rec)
+    assert rec.counts == [(0, 0)] and [op for op, _ in rec.holds] == ["recover"]
     ref = env.api.add("ns", "c", UID1, [result("gpu-0"), result("gpu-1")])
-    st.prepare([ref])
-    assert (claims_g.value, devices_g.value) == (1, 2)
+    env.prepare(st, [ref])
+    # PrepareStarted does not count yet; PrepareCompleted does.
+    assert rec.counts[-2:] == [(0, 0), (1, 2)]
     st.unprepare([ref])
-    assert (claims_g.value, devices_g.value) == (0, 0)
+    assert rec.counts[-1] == (0, 0)
+    assert [op for op, _ in rec.holds] == ["recover", "prepare", "unprepare"]
+    assert all(0 <= t < 5 for _, t in rec.holds)
+
+
+def test_fsyncs_per_call(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint is the only fsynced file: PrepareStarted (data), PrepareCompleted (data + dir).
+
+    CDI specs are never fsynced (re-created from the checkpoint at start); a batch costs
+    the same as one claim.
+    """
+    st = env.state()
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    one = env.api.add("ns", "one", UID1, [result("gpu-0")])
+    env.prepare(st, [one])
+    state_dir = str(env.state_dir)
+    assert len(synced) == 3 and all(p.startswith(state_dir) for p in synced), synced
+    synced.clear()
+    st.unprepare([one])
+    assert len(synced) == 2 and all(p.startswith(state_dir) for p in synced), synced
+    synced.clear()
+    batch = [env.api.add("ns", "a", UID1, [result("gpu-0")]), env.api.add("ns", "b", UID2, [result("gpu-1")]),
+             env.api.add("ns", "c", UID3, [result("nic-0", "nics")])]
+    assert all(r.error == "" for r in env.prepare(st, batch).values())
+    assert len(synced) == 3
+    synced.clear()
+    st.unprepare(batch)
+    assert len(synced) == 2
 
 
 # ---------------------------------------------------------------- unprepare
@@ -421,7 +455,7 @@ def test_unprepare_removes_spec_and_entry_and_is_idempotent(env: Env) -> None:
     st = env.state()
     a = env.api.add("ns", "a", UID1, [result("gpu-0")])
     b = env.api.add("ns", "b", UID2, [result("gpu-1")])
-    st.prepare([a, b])
+    env.prepare(st, [a, b])
     env.api.claims.clear()  # claim objects deleted before unprepare: normal
     assert st.unprepare([a]) == {UID1: ""}
     assert not spec_path(env, UID1).exists() and spec_path(env, UID2).exists()
@@ -433,12 +467,12 @@ def test_unprepare_removes_spec_and_entry_and_is_idempotent(env: Env) -> None:
     assert list(env.cdi_root.iterdir()) == []
     # gpu-0 is free again
     env.api.add("ns", "next", UID3, [result("gpu-0")])
-    assert st.prepare([ClaimRef("ns", UID3, "next")])[UID3].error == ""
+    assert env.prepare(st, [ClaimRef("ns", UID3, "next")])[UID3].error == ""
 
 
 def test_unprepare_after_restart_uses_only_checkpoint(env: Env) -> None:
     ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
-    env.state().prepare([ref])
+    env.prepare(env.state(), [ref])
     env.api.claims.clear()
     env.api.fail_with = RuntimeError("API server down")
     assert env.state().unprepare([ref]) == {UID1: ""}
@@ -452,7 +486,7 @@ def test_unprepare_after_restart_uses_only_checkpoint(env: Env) -> None:
 def test_cdi_dir_wiped_specs_come_back_on_restart(env: Env) -> None:
     st = env.state()
     refs = [env.api.add("ns", "a", UID1, [result("gpu-0")]), env.api.add("ns", "b", UID2, [result("nic-0")])]
-    st.prepare(refs)
+    env.prepare(st, refs)
     before = env.snapshot()
     for p in env.cdi_root.iterdir():
         p.unlink()
@@ -465,7 +499,7 @@ def test_cdi_dir_wiped_specs_come_back_on_restart(env: Env) -> None:
 def test_reboot_recreates_all_specs_from_current_devices(env: Env) -> None:
     st = env.state(devices=[gpu(0, nodes=True)])
     ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
-    first = st.prepare([ref])
+    first = env.prepare(st, [ref])
     path = spec_path(env, UID1)
     path.write_text(path.read_text().replace("/dev/nvidia0", "/dev/nvidia7"))  # stale content from old boot
     env.boot.write_text("22222222-aaaa-bbbb-cccc-000000000002\n")
@@ -476,13 +510,13 @@ def test_reboot_recreates_all_specs_from_current_devices(env: Env) -> None:
     nodes = json.loads(path.read_text())["devices"][0]["containerEdits"]["deviceNodes"]
     assert nodes == [{"path": "/dev/nvidia3"}, {"path": "/dev/nvidiactl"}]
     assert env.checkpoint().boot_id == "22222222-aaaa-bbbb-cccc-000000000002"
-    assert st2.prepare([ref]) == first  # kubelet re-prepares after reboot: same answer
+    assert env.prepare(st2, [ref]) == first  # kubelet re-prepares after reboot: same answer
     assert not env.state(devices=[moved]).last_recovery.rebooted  # recorded: next start is no reboot
 
 
 def test_reboot_with_missing_device_keeps_claim_for_unprepare(env: Env) -> None:
     ref = env.api.add("ns", "a", UID1, [result("gpu-2")])
-    env.state().prepare([ref])
+    env.prepare(env.state(), [ref])
     for p in env.cdi_root.iterdir():
         p.unlink()
     env.boot.write_text("33333333-aaaa-bbbb-cccc-000000000003\n")
@@ -495,7 +529,7 @@ def test_reboot_with_missing_device_keeps_claim_for_unprepare(env: Env) -> None:
 
 def test_corrupt_checkpoint_refuses_to_start_unless_quarantined(env: Env) -> None:
     ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
-    env.state().prepare([ref])
+    env.prepare(env.state(), [ref])
     cp = env.state_dir / checkpoint.FILE_NAME
     raw = cp.read_bytes().replace(b"gpu-0", b"gpu-1")
     cp.write_bytes(raw)
@@ -515,7 +549,7 @@ def test_corruption_after_start_fails_calls_not_process(env: Env) -> None:
     st = env.state()
     (env.state_dir / checkpoint.FILE_NAME).write_text("{not json")
     ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
-    out = st.prepare([ref])
+    out = env.prepare(st, [ref])
     assert "is unusable: not valid JSON" in out[UID1].error
     assert "is unusable" in st.unprepare([ref])[UID1]
     assert not spec_path(env, UID1).exists()
@@ -532,14 +566,17 @@ def test_unknown_crash_point_is_rejected(env: Env, monkeypatch: pytest.MonkeyPat
 
 CHILD = textwrap.dedent("""\
     import json, sys
+    from topodra.claims import ClaimRef
     from topodra.devices import Device
-    from topodra.state import ClaimRef, DeviceState
+    from topodra.inventory import Inventory
+    from topodra.plugin.server import ClaimFetcher
+    from topodra.state import DeviceState
     cfg = json.load(open(sys.argv[1]))
     claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in cfg["claims"]}
-    st = DeviceState("gpu.topodra.io", "node-a", [Device.model_validate(d) for d in cfg["devices"]],
-                     lambda ns, n: claims.get((ns, n)), cfg["cdi_root"], cfg["state_dir"],
-                     boot_id_path=cfg["boot"], nvidia_spec_dirs=[])
-    out = st.prepare([ClaimRef(**r) for r in cfg["refs"]])
+    st = DeviceState("gpu.topodra.io", "node-a", Inventory(Device.model_validate(d) for d in cfg["devices"]),
+                     cfg["cdi_root"], cfg["state_dir"], boot_id_path=cfg["boot"], nvidia_spec_dirs=[])
+    fetcher = ClaimFetcher(lambda ns, n: claims.get((ns, n)), "gpu.topodra.io", "node-a")
+    out = st.prepare(fetcher.fetch([ClaimRef(**r) for r in cfg["refs"]]))
     print(json.dumps({u: r.error for u, r in out.items()}))
 """)
 
@@ -558,7 +595,7 @@ def run_child(env: Env, refs: list[ClaimRef], crash_point: str) -> subprocess.Co
 @pytest.mark.parametrize("point", ["after-prepare-started", "after-cdi-written"])
 def test_crash_mid_prepare_then_recovery(env: Env, tmp_path: Path, point: str) -> None:
     keep = env.api.add("ns", "keep", UID2, [result("gpu-3")])
-    env.state().prepare([keep])
+    env.prepare(env.state(), [keep])
     refs = [env.api.add("ns", "a", UID1, [result("gpu-0"), result("nic-0", "nics")])]
     proc = run_child(env, refs, point)
     assert proc.returncode == 137, proc.stderr
@@ -569,10 +606,10 @@ def test_crash_mid_prepare_then_recovery(env: Env, tmp_path: Path, point: str) -
     assert st.last_recovery.rolled_back == [UID1]
     assert not spec_path(env, UID1).exists()  # no leaked spec
     assert set(env.checkpoint().claims) == {UID2}  # the other claim is untouched
-    again = st.prepare(refs)
+    again = env.prepare(st, refs)
 
     clean = Env(tmp_path / "clean", env.api, env.boot)  # the same claim prepared without a crash
-    assert again == clean.state().prepare(refs)
+    assert again == env.prepare(clean.state(), refs)
     assert spec_path(env, UID1).read_bytes() == spec_path(clean, UID1).read_bytes()
     assert sorted(p.name for p in env.cdi_root.iterdir()) == sorted(
         [spec_path(env, UID1).name, spec_path(env, UID2).name])
@@ -584,7 +621,7 @@ def test_crash_without_restart_is_repaired_by_peer_under_lock(env: Env) -> None:
     refs = [env.api.add("ns", "a", UID1, [result("gpu-0")])]
     assert run_child(env, refs, "after-cdi-written").returncode == 137
     other = env.api.add("ns", "b", UID2, [result("gpu-0")])  # wants the device the dead prepare held
-    assert st.prepare([other])[UID2].error == ""
+    assert env.prepare(st, [other])[UID2].error == ""
     assert set(env.checkpoint().claims) == {UID2}
     assert not spec_path(env, UID1).exists()
 
@@ -594,22 +631,25 @@ def test_crash_without_restart_is_repaired_by_peer_under_lock(env: Env) -> None:
 
 def _contender(root: str, ns_name_uid: tuple[str, str, str], device: str, log_path: str,
                barrier: Any) -> None:
-    """Run in a separate process: prepare one claim with a slow API read inside the lock."""
+    """Run in a separate process: prepare one claim with a slow CDI write inside the lock."""
     ns, name, uid = ns_name_uid
     claim = claim_json(ns, name, uid, [result(device)])
+    real_write = cdi.write_spec
 
-    def slow_getter(_ns: str, _n: str) -> dict[str, Any]:
+    def slow_write(*args: Any, **kwargs: Any) -> Path:
         with open(log_path, "a") as f:
             f.write(f"enter {name}\n")
         time.sleep(0.4)
         with open(log_path, "a") as f:
             f.write(f"exit {name}\n")
-        return claim
+        return real_write(*args, **kwargs)
 
-    st = DeviceState(DRIVER, NODE, DEVICES, slow_getter, Path(root) / "cdi", Path(root) / "state",
+    cdi.write_spec = slow_write  # a separate process: nothing to undo
+    st = DeviceState(DRIVER, NODE, Inventory(DEVICES), Path(root) / "cdi", Path(root) / "state",
                      boot_id_path=str(Path(root) / "boot_id"), nvidia_spec_dirs=[])
+    fetched = ClaimFetcher(lambda _ns, _n: claim, DRIVER, NODE).fetch([ClaimRef(ns, uid, name)])
     barrier.wait()
-    out = st.prepare([ClaimRef(ns, uid, name)])
+    out = st.prepare(fetched)
     if out[uid].error:
         raise SystemExit(out[uid].error)
 
@@ -652,11 +692,11 @@ def test_lock_timeout_is_a_per_claim_error(env: Env) -> None:
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        out = st.prepare([ref])
+        out = env.prepare(st, [ref])
         assert "another topodra plugin process" in out[UID1].error and "ns/a" in out[UID1].error
     finally:
         holder.kill()
         holder.wait()
-    assert st.prepare([ref])[UID1].error == ""
+    assert env.prepare(st, [ref])[UID1].error == ""
     with FileLock(env.state_dir / "serialize.lock", timeout=1):
         pass

@@ -2,10 +2,22 @@
 
 A reader (the container runtime reading CDI specs, a restarted plugin reading
 its checkpoint) must see either the old file or the complete new one, never a
-torn write, and a completed write must survive power loss.  Hence: write a
-temp file in the same directory, fsync it, rename over the target, fsync the
-directory.  Temp names start with a dot and end in ``.tmp-<pid>`` so the CDI
-cache (which loads only ``*.json``/``*.yaml``) ignores them.
+torn write.  Hence: write a temp file in the same directory, rename it over the
+target.  Temp names start with a dot and end in ``.tmp-<pid>`` so the CDI cache
+(which loads only ``*.json``/``*.yaml``) ignores them.
+
+How much to fsync is the caller's choice (``sync``), because each fsync costs
+a disk flush on the prepare path:
+
+* ``"none"``: files rebuilt from the checkpoint at start (CDI specs).  A kill -9
+  cannot tear them (the page cache survives the process); a power loss reboots
+  the node, and the restarted plugin re-creates them.
+* ``"data"``: fsync the temp file before the rename.  A rename can reach the
+  disk before the data it points to; after a power loss the file would then be
+  empty or torn.  With this, every version on disk is complete, but after a
+  power loss the file may still be the previous version.
+* ``"durable"``: also fsync the directory after the rename, so the new version
+  survives a power loss.
 """
 
 from __future__ import annotations
@@ -13,6 +25,9 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Literal
+
+Sync = Literal["none", "data", "durable"]
 
 TMP_MARKER = ".tmp-"
 
@@ -29,8 +44,8 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically and durably; on error the old file is untouched."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: Sync = "durable") -> None:
+    """Replace ``path`` with ``data`` atomically; on error the old file is untouched."""
     tmp = temp_path_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
@@ -40,7 +55,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
                 written = os.write(fd, view)
                 view = view[written:]
             os.fchmod(fd, mode)  # umask must not narrow what the runtime may read
-            os.fsync(fd)
+            if sync != "none":
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -48,16 +64,16 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if sync == "durable":
+        fsync_dir(path.parent)
 
 
-def remove_durably(path: Path) -> bool:
-    """Unlink ``path`` and fsync its directory; False when it did not exist."""
+def remove(path: Path) -> bool:
+    """Unlink ``path``; False when it did not exist."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         return False
-    fsync_dir(path.parent)
     return True
 
 

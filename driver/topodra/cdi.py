@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from topodra.atomicfile import remove_durably, remove_stale_temps, write_atomic
+from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.devices import Device
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,13 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) 
     return spec
 
 
+def valid_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) -> dict[str, Any]:
+    """``build_spec`` checked by ``validate_spec``: the one way prepare and recovery get a spec."""
+    spec = build_spec(driver_name, claim_uid, devices)
+    validate_spec(spec)
+    return spec
+
+
 def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
@@ -157,19 +164,18 @@ def _all_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def minimum_version(spec: dict[str, Any]) -> str:
-    """Lowest CDI version whose rules allow every feature ``spec`` uses."""
+    """Lowest CDI version whose rules allow every feature ``spec`` may use and ``validate_spec`` accepts.
+
+    Features that validation rejects anyway (mounts, hooks, additionalGids, intelRdt) need no rule.
+    """
     need = BASE_VERSION
     edits = _all_edits(spec)
-    if any(m.get("type") for e in edits for m in e.get("mounts") or []):
-        need = "0.4.0"  # mount type
     if any(not str(d.get("name", "a"))[:1].isalpha() for d in spec.get("devices") or []) or any(
             n.get("hostPath") for e in edits for n in e.get("deviceNodes") or []):
         need = "0.5.0"  # device names starting with a digit; deviceNodes hostPath
     cls = str(spec.get("kind", "")).partition("/")[2]
     if spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices") or []) or "." in cls:
         need = "0.6.0"  # annotations; dots in the class
-    if any(e.get("additionalGids") or e.get("intelRdt") for e in edits):
-        need = "0.7.0"
     return need
 
 
@@ -252,11 +258,6 @@ def validate_spec(spec: dict[str, Any]) -> None:
         raise CDISpecInvalid("invalid CDI spec: " + "; ".join(problems))
 
 
-def spec_device_ids(spec: dict[str, Any]) -> list[str]:
-    """Fully qualified IDs of every device in ``spec``."""
-    return [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
-
-
 # ---- NVIDIA Container Toolkit composition (pure) ----
 
 def nvidia_gpu_ids(specs: Iterable[dict[str, Any]], devices: Iterable[Device]) -> dict[str, str]:
@@ -293,17 +294,20 @@ def nvidia_gpu_ids(specs: Iterable[dict[str, Any]], devices: Iterable[Device]) -
 # ---- filesystem edges ----
 
 def write_spec(cdi_root: Path, driver_name: str, claim_uid: str, spec: dict[str, Any]) -> Path:
-    """Validate, then write the claim's spec atomically; returns its path."""
-    validate_spec(spec)
+    """Write the claim's spec (already validated, see ``valid_spec``) atomically; returns its path.
+
+    Not fsynced: the checkpoint is the source of truth and the plugin re-creates
+    missing specs from it at start (see ``atomicfile``).
+    """
     path = spec_path(cdi_root, driver_name, claim_uid)
     cdi_root.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(spec, indent=1).encode() + b"\n", mode=0o644)
+    write_atomic(path, json.dumps(spec, indent=1).encode() + b"\n", mode=0o644, sync="none")
     return path
 
 
 def remove_spec(cdi_root: Path, driver_name: str, claim_uid: str) -> bool:
     """Delete the claim's spec; False when it was already gone."""
-    return remove_durably(spec_path(cdi_root, driver_name, claim_uid))
+    return remove(spec_path(cdi_root, driver_name, claim_uid))
 
 
 def spec_exists(cdi_root: Path, driver_name: str, claim_uid: str) -> bool:

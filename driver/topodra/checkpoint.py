@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from topodra.atomicfile import remove_stale_temps, write_atomic
+from topodra.atomicfile import Sync, remove_stale_temps, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +153,15 @@ def load(path: Path) -> CheckpointData | None:
     return decode(raw, path)
 
 
-def save(path: Path, data: CheckpointData) -> None:
-    write_atomic(path, encode(data), mode=0o600)
+def save(path: Path, data: CheckpointData, *, sync: Sync = "durable") -> None:
+    """Replace the checkpoint; ``sync="data"`` when the version need not survive a power loss.
+
+    Never ``"none"``: the checkpoint is the source of truth, so a torn version must never
+    reach the disk (see ``atomicfile``).
+    """
+    if sync == "none":
+        raise ValueError("the checkpoint is never written without fsync")
+    write_atomic(path, encode(data), mode=0o600, sync=sync)
 
 
 def quarantine(path: Path, now: float | None = None) -> Path:

@@ -49,19 +49,20 @@ class AttributeValue(BaseModel):
         raise AssertionError("unreachable")
 
 
-def s(v: str) -> AttributeValue:
+def string_attr(v: str) -> AttributeValue:
     return AttributeValue(string=v)
 
 
-def i(v: int) -> AttributeValue:
+def int_attr(v: int) -> AttributeValue:
     return AttributeValue(int=v)
 
 
-def b(v: bool) -> AttributeValue:
+def bool_attr(v: bool) -> AttributeValue:
     return AttributeValue(bool=v)
 
 
-def ver(v: str) -> AttributeValue:
+def version_attr(v: str) -> AttributeValue:
+    """A semantic version attribute (``"13.0.0"``), compared as a version in CEL."""
     return AttributeValue(version=v)
 
 

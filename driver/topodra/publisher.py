@@ -2,7 +2,8 @@
 
 The kubelet deletes every slice of its node when it starts, admins delete
 things, hardware changes: so publishing once is not enough.  A background
-thread reconciles on every change and on a resync timer.  Any write bumps the
+thread reconciles on every change of the device ``Inventory`` (it subscribes)
+and on a resync timer.  Any write bumps the
 pool generation in all slices of the pool, so the scheduler never mixes old and
 new slices.  Writes are rate-limited and API errors retried with exponential
 backoff.  Slices are deliberately left in place on shutdown: a restarting
@@ -14,66 +15,47 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
 
 from topodra.apipaths import slices_path
 from topodra.devices import Device
+from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
+from topodra.observe import NO_OBSERVER, Observer
 from topodra.slices import build_slices, same_content
 
 log = logging.getLogger(__name__)
 
 
-def _metrics() -> Any:
-    try:
-        from topodra.plugin import metrics
-    except ImportError:  # the publisher also runs inside `topodra simulate`
-        return None
-    return metrics
-
-
 class SlicePublisher:
     """Reconciles the ResourceSlices of one (driver, node) pool."""
 
-    def __init__(self, kube: Kube, driver_name: str, node_name: str, *,
+    def __init__(self, kube: Kube, driver_name: str, node_name: str, inventory: Inventory, *,
                  resync_seconds: float = 10.0, min_write_interval: float = 1.0,
-                 max_backoff: float = 60.0) -> None:
+                 max_backoff: float = 60.0, observer: Observer = NO_OBSERVER) -> None:
+        """Publishes ``inventory``'s devices, re-publishing whenever it changes."""
         self.kube = kube
         self.driver_name = driver_name
         self.node_name = node_name
+        self.inventory = inventory
         self.resync_seconds = resync_seconds
         self.min_write_interval = min_write_interval
         self.max_backoff = max_backoff
+        self.observer = observer
         self.generation = 0
-        self._devices: list[Device] | None = None
         self._node_uid: str | None = None
-        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._synced = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_write = 0.0
+        inventory.subscribe(self._devices_changed)
 
-    # ----- public API
-
-    def set_devices(self, devices: Sequence[Device]) -> None:
-        """Replace the desired device set; republishes with a new generation if it changed."""
-        with self._lock:
-            new = list(devices)
-            if self._devices is not None and _fingerprint(new) == _fingerprint(self._devices):
-                return
-            if self._devices is not None:
-                log.info("devices of node %s changed (%d -> %d devices); republishing",
-                         self.node_name, len(self._devices), len(new))
-            self._devices = new
-            self._synced.clear()
+    def _devices_changed(self, devices: tuple[Device, ...]) -> None:
+        """``Inventory`` subscriber: the published set is stale, reconcile now."""
+        self._synced.clear()
         self._wake.set()
 
-    @property
-    def devices(self) -> list[Device]:
-        with self._lock:
-            return list(self._devices or [])
+    # ----- public API
 
     def start(self) -> None:
         if self._thread is None:
@@ -90,17 +72,12 @@ class SlicePublisher:
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
 
-    def trigger(self) -> None:
-        self._wake.set()
-
     # ----- reconciliation
 
     def reconcile_once(self) -> bool:
         """One pass; returns True if it wrote anything. Raises KubeError on API failure."""
-        with self._lock:
-            devices = self._devices
-        if devices is None:
-            return False
+        version, snapshot = self.inventory.snapshot()
+        devices = list(snapshot)
         if self._node_uid is None:
             node = self.kube.get(f"/api/v1/nodes/{self.node_name}")
             if node is None:
@@ -115,7 +92,7 @@ class SlicePublisher:
         in_sync = (set(existing) == {d["metadata"]["name"] for d in desired}
                    and all(same_content(existing[d["metadata"]["name"]], d) for d in desired))
         if in_sync:  # same devices and the same generation in every slice of the pool
-            self._mark_synced(devices)
+            self._mark_synced(version)
             return False
         # Something differs: publish everything under a fresh generation.
         wait = self._last_write + self.min_write_interval - time.monotonic()
@@ -137,18 +114,14 @@ class SlicePublisher:
         log.info("published pool %s: %d devices in %d slice(s), generation %d%s", self.node_name,
                  len(devices), len(desired), self.generation,
                  f" (re-created {sorted(missing)})" if missing and existing else "")
-        m = _metrics()
-        if m is not None:
-            m.PUBLISHED_DEVICES.set(len(devices))
-            m.LAST_PUBLISH.set_to_current_time()
-        self._mark_synced(devices)
+        self.observer.published(len(devices))
+        self._mark_synced(version)
         return True
 
-    def _mark_synced(self, devices: list[Device]) -> None:
+    def _mark_synced(self, version: int) -> None:
         """Synced means the *current* device set is published, not one replaced meanwhile."""
-        with self._lock:
-            if self._devices is devices:
-                self._synced.set()
+        if self.inventory.version == version:
+            self._synced.set()
 
     def _run(self) -> None:
         backoff = 1.0
@@ -168,7 +141,3 @@ class SlicePublisher:
                 backoff = min(backoff * 2, self.max_backoff)
             self._wake.wait(timeout)
             self._wake.clear()
-
-
-def _fingerprint(devices: Sequence[Device]) -> list[str]:
-    return sorted(d.model_dump_json() for d in devices)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.apipaths import slices_path
 from topodra.devices import Device
+from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
 from topodra.publisher import SlicePublisher
 
@@ -161,8 +162,8 @@ class Simulation:
         t0 = time.monotonic()
         for n in self.nodes:
             ensure_node(self.kube, n.name, n.labels)
-            pub = SlicePublisher(self.kube, self.cluster.driver_name, n.name, min_write_interval=0)
-            pub.set_devices(discover(n))
+            pub = SlicePublisher(self.kube, self.cluster.driver_name, n.name, Inventory(discover(n)),
+                                 min_write_interval=0)
             self.publishers[n.name] = pub
         log.info("simulating %d nodes (discovery + node objects in %.1fs)", len(self.nodes), time.monotonic() - t0)
 
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     sim.setup()
     t0 = time.monotonic()
     sim.reconcile_all()
-    gpus = sum(1 for p in sim.publishers.values() for d in p.devices if d.kind == "gpu")
+    gpus = sum(1 for p in sim.publishers.values() for d in p.inventory.devices if d.kind == "gpu")
     log.info("published %d nodes, %d GPUs in %.1fs", len(sim.nodes), gpus, time.monotonic() - t0)
     if args.once:
         return 0

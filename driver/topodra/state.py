@@ -1,33 +1,37 @@
-"""Prepare/unprepare of ResourceClaims on this node, crash-safe.
+"""Prepare/unprepare of ResourceClaims on this node, crash-safe; local work only.
 
 The kubelet calls NodePrepareResources before a pod's containers start and
 NodeUnprepareResources after its last pod on the node is gone.  Both must be
 idempotent, answer every claim, and survive plugin crashes, restarts and node
-reboots.  The rules (see docs/prepare.md):
+reboots.  The gRPC layer reads and checks the claims from the API server first
+(``topodra.claims``); this module gets plain values and never talks to the
+network.  The rules (see docs/prepare.md):
 
 * Every operation holds a process lock and ``flock(<state_dir>/serialize.lock)``
   so two plugin processes (rolling upgrade) never interleave, and re-reads the
   checkpoint from disk under it (the peer may have changed it).
-* Prepare writes the claim as ``PrepareStarted`` to the checkpoint, then its
-  CDI spec, then marks it ``PrepareCompleted``.  A ``PrepareStarted`` entry
-  seen while holding the lock was left by a crashed process and is rolled back.
-* Unprepare removes the CDI spec, then the checkpoint entry; it needs only the
-  checkpoint, never the (possibly deleted) claim object.
+* Prepare writes the claims of one call as ``PrepareStarted`` to the checkpoint,
+  then their CDI specs, then marks them ``PrepareCompleted`` (two checkpoint
+  writes per call, however many claims).  A ``PrepareStarted`` entry seen while
+  holding the lock was left by a crashed process and is rolled back.
+* Crash safety rests on the checkpoint alone: CDI specs are not fsynced, and
+  start-up recovery re-creates a missing spec of every prepared claim.
+* Unprepare removes the CDI specs, then the checkpoint entries; it needs only
+  the checkpoint, never the (possibly deleted) claim object.
 * A claim that fails changes nothing: no checkpoint entry, no CDI file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from topodra import cdi, checkpoint
 from topodra.checkpoint import (
@@ -39,12 +43,13 @@ from topodra.checkpoint import (
     CheckpointDevice,
     ClaimEntry,
 )
+from topodra.claims import AllocatedClaim, ClaimError, ClaimRef, FetchedClaim, UnavailableClaim
 from topodra.devices import Device
 from topodra.filelock import FileLock, LockTimeout
+from topodra.inventory import Inventory
+from topodra.observe import NO_OBSERVER, Observer
 
 log = logging.getLogger(__name__)
-
-ClaimGetter = Callable[[str, str], dict[str, Any] | None]
 
 DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCK_FILE = "serialize.lock"
@@ -52,15 +57,7 @@ CRASH_POINT_ENV = "TOPODRA_CRASH_POINT"
 CRASH_POINTS = frozenset({"after-prepare-started", "after-cdi-written", "after-unprepare-cdi-removed"})
 CRASH_EXIT_CODE = 137
 
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} ({self.uid})"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,39 +87,12 @@ class RecoveryReport:
     quarantined: str | None = None
 
 
-class ClaimError(Exception):
-    """A claim cannot be prepared; the message names the claim and the reason."""
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """One allocation result of a claim, checked and resolved to a local device."""
-
-    device: Device
-    request_names: list[str]
-    share_id: str | None
-    access: Access
-
-
-def base_request_name(request: str) -> str:
-    """``gpus/h100`` → ``gpus``: pods can reference only main request names."""
-    return request.split("/", 1)[0]
-
-
 def read_boot_id(path: str) -> str:
     try:
         return Path(path).read_text().strip()
     except OSError as e:
         log.warning("cannot read boot ID from %s (%s); reboot detection is off", path, e)
         return ""
-
-
-def _access(result: dict[str, Any]) -> Access:
-    if result.get("adminAccess"):
-        return "admin"
-    if result.get("shareID") or result.get("consumedCapacity"):
-        return "shared"
-    return "exclusive"
 
 
 def _conflicts(new_access: Access, holder_access: Access) -> bool:
@@ -138,8 +108,7 @@ class DeviceState:
         self,
         driver_name: str,
         node_name: str,
-        devices: Sequence[Device],
-        claim_getter: ClaimGetter,
+        inventory: Inventory,
         cdi_root: str | os.PathLike[str],
         state_dir: str | os.PathLike[str],
         boot_id_path: str = DEFAULT_BOOT_ID_PATH,
@@ -148,105 +117,86 @@ class DeviceState:
         nvidia_spec_dirs: Sequence[str | os.PathLike[str]] = cdi.DEFAULT_SPEC_DIRS,
         quarantine_corrupt: bool = False,
         lock_timeout: float | None = 20.0,
+        observer: Observer = NO_OBSERVER,
     ) -> None:
         """Load the checkpoint and recover; raises ``CheckpointCorrupt`` unless ``quarantine_corrupt``."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.pool_name = node_name
-        self.claim_getter = claim_getter
+        self.inventory = inventory
         self.cdi_root = Path(cdi_root)
         self.state_dir = Path(state_dir)
         self.checkpoint_path = self.state_dir / checkpoint.FILE_NAME
         self.nvidia_spec_dirs = [Path(d) for d in nvidia_spec_dirs]
+        self.observer = observer
         self._spec_cache: cdi.SpecCache = {}
         point = crash_point if crash_point is not None else os.environ.get(CRASH_POINT_ENV) or None
         if point is not None and point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
         self.crash_point = point
-        self._devices: dict[str, Device] = {d.name: d for d in devices}
         self._lock = threading.Lock()
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cdi_root.mkdir(parents=True, exist_ok=True)
         self._flock = FileLock(self.state_dir / LOCK_FILE, timeout=lock_timeout)
         self.boot_id = read_boot_id(boot_id_path)
+        self._known_devices: frozenset[str] | None = None
         self.last_recovery = self.recover(quarantine_corrupt=quarantine_corrupt)
+        inventory.subscribe(self._devices_changed)
 
     # ---- public API ----
 
-    @property
-    def devices(self) -> list[Device]:
-        return list(self._devices.values())
-
-    def set_devices(self, devices: Sequence[Device]) -> None:
-        """Hardware changed: later prepares see the new set; prepared claims are kept."""
-        new = {d.name: d for d in devices}
-        with self._lock:
-            old, self._devices = self._devices, new
-        added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
-        if added or removed:
-            log.info("node %s: devices added %s, removed %s", self.node_name, added, removed)
-        if removed:
-            try:
-                data = checkpoint.load(self.checkpoint_path) or CheckpointData()
-            except CheckpointCorrupt as e:
-                log.error("node %s: %s", self.node_name, e)
-                return
-            for entry in data.claims.values():
-                gone = sorted({d.device_name for d in entry.devices} & set(removed))
-                if gone:
-                    log.warning("node %s: prepared claim %s uses devices %s that are no longer present",
-                                self.node_name, entry.ref, gone)
-
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """Prepare a batch; one result per claim UID (errors per claim, never raised)."""
-        if not claims:
-            return {}
-        try:
-            with self._locked():
-                return self._prepare_locked(claims)
-        except (LockTimeout, CheckpointCorrupt, OSError) as e:
-            log.error("node %s: prepare of %s failed: %s", self.node_name, [str(c) for c in claims], e)
-            return {c.uid: PrepareResult([], f"claim {c}: prepare failed on node {self.node_name}: {e}")
-                    for c in claims}
+    def prepare(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]:
+        """Prepare a batch (UIDs unique); one result per claim UID (errors per claim, never raised)."""
+        nvidia_ids = self._nvidia_ids() if any(isinstance(c, AllocatedClaim) for c in claims) else {}
+        return self._batch("prepare", [c.ref for c in claims], lambda: self._prepare_locked(claims, nvidia_ids),
+                           lambda e: PrepareResult([], e))
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare a batch; uid → "" on success (also for unknown claims) or an error."""
-        if not claims:
-            return {}
-        try:
-            with self._locked():
-                return self._unprepare_locked(claims)
-        except (LockTimeout, CheckpointCorrupt, OSError) as e:
-            log.error("node %s: unprepare of %s failed: %s", self.node_name, [str(c) for c in claims], e)
-            return {c.uid: f"claim {c}: unprepare failed on node {self.node_name}: {e}" for c in claims}
-
-    def prepared_claims(self) -> dict[str, ClaimEntry]:
-        """Checkpointed claims (read without the lock; files are replaced atomically)."""
-        data = checkpoint.load(self.checkpoint_path)
-        return dict(data.claims) if data else {}
+        return self._batch("unprepare", list(claims), lambda: self._unprepare_locked(claims), lambda e: e)
 
     def recover(self, quarantine_corrupt: bool = False) -> RecoveryReport:
         """Make the checkpoint and the CDI directory agree again after a crash, restart or reboot."""
-        with self._locked():
+        with self._locked("recover"):
             report = self._recover_locked(quarantine_corrupt)
         self._log_recovery(report)
         return report
 
-    # ---- locking / IO helpers ----
+    # ---- the one skeleton of both operations ----
+
+    def _batch(self, op: str, refs: list[ClaimRef], locked: Callable[[], dict[str, T]],
+               failed: Callable[[str], T]) -> dict[str, T]:
+        """Run ``locked`` under the node lock; if the lock or the checkpoint fails, every claim gets the error."""
+        if not refs:
+            return {}
+        try:
+            with self._locked(op):
+                return locked()
+        except (LockTimeout, CheckpointCorrupt, OSError) as e:
+            log.error("node %s: %s of %s failed: %s", self.node_name, op, [str(c) for c in refs], e)
+            return {c.uid: failed(f"claim {c}: {op} failed on node {self.node_name}: {e}") for c in refs}
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, op: str) -> Iterator[None]:
         with self._lock, self._flock:
-            yield
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.observer.lock_held(op, time.perf_counter() - start)
+
+    # ---- IO helpers ----
 
     def _load(self) -> CheckpointData:
         return checkpoint.load(self.checkpoint_path) or CheckpointData(boot_id=self.boot_id)
 
-    def _save(self, data: CheckpointData) -> None:
+    def _save(self, data: CheckpointData, *, final: bool = True) -> None:
+        """Write the checkpoint; ``final=False`` for the PrepareStarted version (see docs/prepare.md)."""
         # An unreadable boot ID must not erase the one recorded (reboot detection would be lost).
         boot_id = self.boot_id or data.boot_id
-        checkpoint.save(self.checkpoint_path, data.model_copy(update={"boot_id": boot_id}))
-        self._update_metrics(data)
+        checkpoint.save(self.checkpoint_path, data.model_copy(update={"boot_id": boot_id}),
+                        sync="durable" if final else "data")
+        self._report(data)
 
     def _maybe_crash(self, point: str) -> None:
         if self.crash_point == point:
@@ -255,16 +205,16 @@ class DeviceState:
                 h.flush()
             os._exit(CRASH_EXIT_CODE)
 
-    def _spec_for(self, entry: ClaimEntry) -> dict[str, Any]:
+    def _spec_for(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> dict[str, Any]:
         """Re-derive the claim's CDI spec from current device facts (device nodes may move on reboot)."""
         sds = []
         for d in entry.devices:
-            dev = self._devices.get(d.device_name)
+            dev = devices.get(d.device_name)
             if dev is None:
                 raise ClaimError(f"claim {entry.ref}: device {d.device_name} is no longer present on node "
                                  f"{self.node_name}; cannot re-create its CDI spec")
             sds.append(cdi.SpecDevice(dev, d.share_id))
-        return cdi.build_spec(self.driver_name, entry.uid, sds)
+        return cdi.valid_spec(self.driver_name, entry.uid, sds)
 
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
@@ -277,84 +227,76 @@ class DeviceState:
 
     # ---- prepare ----
 
-    def _prepare_locked(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def _prepare_locked(self, claims: Sequence[FetchedClaim], nvidia_ids: dict[str, str]) -> dict[str, PrepareResult]:
         data, rolled_back = self._rollback_started(self._load())
-        counts = Counter(c.uid for c in claims)
+        devices = self.inventory.by_name
         results: dict[str, PrepareResult] = {}
         working = data
         fresh: list[tuple[ClaimRef, ClaimEntry, dict[str, Any]]] = []
-        nvidia_ids: dict[str, str] | None = None
         for c in claims:
-            if c.uid in results:
-                continue
-            if counts[c.uid] > 1:
-                results[c.uid] = PrepareResult([], f"claim {c}: UID appears {counts[c.uid]} times in one "
-                                                   "NodePrepareResources call; refusing to prepare it")
-                continue
-            existing = data.claims.get(c.uid)
+            existing = data.claims.get(c.ref.uid)
             if existing is not None:
-                results[c.uid] = self._answer_existing(existing)
+                results[c.ref.uid] = self._answer_existing(existing, devices)
+                continue
+            if isinstance(c, UnavailableClaim):
+                results[c.ref.uid] = PrepareResult([], c.error)
                 continue
             try:
-                planned = self._plan(c, working)
-                if nvidia_ids is None:
-                    nvidia_ids = self._nvidia_ids()
-                entry, spec = self._entry_for(c, planned, nvidia_ids)
-                cdi.validate_spec(spec)
+                entry, spec = self._plan(c, working, devices, nvidia_ids)
             except (ClaimError, cdi.CDISpecInvalid) as e:
-                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, c, e)
-                results[c.uid] = PrepareResult([], str(e))
+                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, c.ref, e)
+                results[c.ref.uid] = PrepareResult([], str(e))
                 continue
             working = working.with_claim(entry)
-            fresh.append((c, entry, spec))
+            fresh.append((c.ref, entry, spec))
         if not fresh:
             if rolled_back:
                 self._save(data)
             return results
 
         try:
-            self._save(working)
+            self._save(working, final=False)
         except OSError as e:
-            for c, _, _ in fresh:
-                results[c.uid] = PrepareResult([], f"claim {c}: cannot write checkpoint: {e}")
+            for ref, _, _ in fresh:
+                results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             return results
         self._maybe_crash("after-prepare-started")
 
         completed = working
         written: list[tuple[ClaimRef, ClaimEntry]] = []
-        for c, entry, spec in fresh:
+        for ref, entry, spec in fresh:
             try:
-                cdi.write_spec(self.cdi_root, self.driver_name, c.uid, spec)
-            except (OSError, cdi.CDISpecInvalid) as e:
+                cdi.write_spec(self.cdi_root, self.driver_name, ref.uid, spec)
+            except OSError as e:
                 with contextlib.suppress(OSError):
-                    cdi.remove_spec(self.cdi_root, self.driver_name, c.uid)
-                completed = completed.without_claims({c.uid})
-                results[c.uid] = PrepareResult([], f"claim {c}: cannot write CDI spec: {e}")
+                    cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
+                completed = completed.without_claims({ref.uid})
+                results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write CDI spec: {e}")
                 continue
             done = entry.model_copy(update={"state": PREPARE_COMPLETED})
             completed = completed.with_claim(done)
-            written.append((c, done))
+            written.append((ref, done))
         self._maybe_crash("after-cdi-written")
 
         try:
             self._save(completed)
         except OSError as e:
-            for c, _ in written:
+            for ref, _ in written:
                 with contextlib.suppress(OSError):
-                    cdi.remove_spec(self.cdi_root, self.driver_name, c.uid)
-                results[c.uid] = PrepareResult([], f"claim {c}: cannot write checkpoint: {e}")
+                    cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
+                results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             return results
-        for c, done in written:
-            results[c.uid] = PrepareResult(_to_prepared(done))
-            log.info("node %s: prepared claim %s: devices %s", self.node_name, c,
+        for ref, done in written:
+            results[ref.uid] = PrepareResult(_to_prepared(done))
+            log.info("node %s: prepared claim %s: devices %s", self.node_name, ref,
                      [d.device_name for d in done.devices])
         return results
 
-    def _answer_existing(self, entry: ClaimEntry) -> PrepareResult:
+    def _answer_existing(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> PrepareResult:
         """Idempotent repeat: the stored answer, with the CDI spec re-created if it went missing."""
         if not cdi.spec_exists(self.cdi_root, self.driver_name, entry.uid):
             try:
-                cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry))
+                cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
             except (ClaimError, cdi.CDISpecInvalid, OSError) as e:
                 log.error("node %s: claim %s: %s", self.node_name, entry.ref, e)
                 return PrepareResult([], f"claim {entry.ref}: already prepared but its CDI spec is missing "
@@ -364,77 +306,46 @@ class DeviceState:
         log.info("node %s: claim %s already prepared", self.node_name, entry.ref)
         return PrepareResult(_to_prepared(entry))
 
-    def _get_claim(self, c: ClaimRef) -> dict[str, Any]:
-        try:
-            claim = self.claim_getter(c.namespace, c.name)
-        except Exception as e:
-            raise ClaimError(f"claim {c}: cannot read the ResourceClaim: {e}") from None
-        if claim is None:
-            raise ClaimError(f"claim {c}: ResourceClaim not found")
-        api_uid = (claim.get("metadata") or {}).get("uid")
-        if api_uid != c.uid:
-            raise ClaimError(f"claim {c}: ResourceClaim was replaced (the API has UID {api_uid})")
-        return claim
-
-    def _plan(self, c: ClaimRef, working: CheckpointData) -> list[_Planned]:
-        """Check the claim's allocation against this node and current holders (no side effects)."""
-        claim = self._get_claim(c)
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not allocation:
-            raise ClaimError(f"claim {c}: ResourceClaim is not allocated")
-        results = (allocation.get("devices") or {}).get("results") or []
-        ours = [r for r in results if r.get("driver") == self.driver_name]
-        if not ours:
-            others = sorted({str(r.get("driver")) for r in results})
-            raise ClaimError(f"claim {c}: no devices allocated from driver {self.driver_name} "
-                             f"(allocated drivers: {others or 'none'})")
+    def _plan(self, c: AllocatedClaim, working: CheckpointData, devices: Mapping[str, Device],
+              nvidia_ids: dict[str, str]) -> tuple[ClaimEntry, dict[str, Any]]:
+        """The claim's checkpoint entry and CDI spec, checked against local devices and holders (no IO)."""
         holders: dict[str, list[tuple[str, Access]]] = {}
         for entry in working.claims.values():
             for d in entry.devices:
                 holders.setdefault(d.device_name, []).append((entry.ref, d.access))
-        planned: list[_Planned] = []
         mine: dict[str, list[Access]] = {}
-        for r in ours:
-            pool, name = str(r.get("pool", "")), str(r.get("device", ""))
-            if pool != self.pool_name:
-                raise ClaimError(f"claim {c}: device {pool}/{name} is from pool {pool}, but this is node "
-                                 f"{self.node_name} (pool {self.pool_name}); the claim is for another node")
-            dev = self._devices.get(name)
+        sds: list[cdi.SpecDevice] = []
+        for a in c.devices:
+            dev = devices.get(a.device)
             if dev is None:
-                raise ClaimError(f"claim {c}: device {name} is unknown on node {self.node_name}")
-            access = _access(r)
-            for holder, held in holders.get(name, []):
-                if _conflicts(access, held):
-                    raise ClaimError(f"claim {c}: device {name} on node {self.node_name} is already in use "
-                                     f"by claim {holder} ({held}); this allocation is {access}")
-            if any(_conflicts(access, a) for a in mine.get(name, [])):
-                raise ClaimError(f"claim {c}: device {name} is allocated twice in this claim without sharing")
-            mine.setdefault(name, []).append(access)
-            base = base_request_name(str(r.get("request", "")))
-            share = r.get("shareID")
-            planned.append(_Planned(dev, [base] if base else [], str(share) if share else None, access))
-        return planned
+                raise ClaimError(f"claim {c.ref}: device {a.device} is unknown on node {self.node_name}")
+            for holder, held in holders.get(a.device, []):
+                if _conflicts(a.access, held):
+                    raise ClaimError(f"claim {c.ref}: device {a.device} on node {self.node_name} is already in "
+                                     f"use by claim {holder} ({held}); this allocation is {a.access}")
+            if any(_conflicts(a.access, m) for m in mine.get(a.device, [])):
+                raise ClaimError(f"claim {c.ref}: device {a.device} is allocated twice in this claim "
+                                 "without sharing")
+            mine.setdefault(a.device, []).append(a.access)
+            sds.append(cdi.SpecDevice(dev, a.share_id))
+        spec = cdi.valid_spec(self.driver_name, c.ref.uid, sds)
+        entry_devices = []
+        for a, spec_dev in zip(c.devices, spec["devices"], strict=True):
+            ids = [cdi.qualified_id(self.driver_name, spec_dev["name"])]
+            if a.device in nvidia_ids:
+                ids.append(nvidia_ids[a.device])
+            entry_devices.append(CheckpointDevice(
+                request_names=[a.request] if a.request else [], pool_name=self.pool_name, device_name=a.device,
+                cdi_device_ids=ids, share_id=a.share_id, access=a.access))
+        entry = ClaimEntry(uid=c.ref.uid, namespace=c.ref.namespace, name=c.ref.name, state=PREPARE_STARTED,
+                           devices=entry_devices)
+        return entry, spec
 
     def _nvidia_ids(self) -> dict[str, str]:
+        """The NVIDIA toolkit's CDI IDs of our GPUs (read before the lock: it is not our state)."""
         specs = cdi.load_specs(self.nvidia_spec_dirs, skip_prefix=cdi.spec_file_prefix(self.driver_name),
                                cache=self._spec_cache)
-        return cdi.nvidia_gpu_ids(specs, self._devices.values())
-
-    def _entry_for(self, c: ClaimRef, planned: list[_Planned],
-                   nvidia_ids: dict[str, str]) -> tuple[ClaimEntry, dict[str, Any]]:
-        sds = [cdi.SpecDevice(p.device, p.share_id) for p in planned]
-        spec = cdi.build_spec(self.driver_name, c.uid, sds)
-        devices = []
-        for p, spec_dev in zip(planned, spec["devices"], strict=True):
-            ids = [cdi.qualified_id(self.driver_name, spec_dev["name"])]
-            if p.device.name in nvidia_ids:
-                ids.append(nvidia_ids[p.device.name])
-            devices.append(CheckpointDevice(
-                request_names=p.request_names, pool_name=self.pool_name, device_name=p.device.name,
-                cdi_device_ids=ids, share_id=p.share_id, access=p.access))
-        entry = ClaimEntry(uid=c.uid, namespace=c.namespace, name=c.name, state=PREPARE_STARTED,
-                           devices=devices)
-        return entry, spec
+        return cdi.nvidia_gpu_ids(specs, self.inventory.devices)
 
     # ---- unprepare ----
 
@@ -443,8 +354,6 @@ class DeviceState:
         results: dict[str, str] = {}
         removed: list[ClaimEntry] = []
         for c in claims:
-            if c.uid in results:
-                continue
             entry = data.claims.get(c.uid)
             if entry is None:
                 results[c.uid] = ""
@@ -471,6 +380,30 @@ class DeviceState:
                      [d.device_name for d in entry.devices])
         return results
 
+    # ---- devices ----
+
+    def _devices_changed(self, devices: tuple[Device, ...]) -> None:
+        """Inventory callback: later prepares see the new set; prepared claims are kept, and reported."""
+        new = frozenset(d.name for d in devices)
+        old, self._known_devices = self._known_devices, new
+        if old is None:
+            return
+        added, removed = sorted(new - old), sorted(old - new)
+        if added or removed:
+            log.info("node %s: devices added %s, removed %s", self.node_name, added, removed)
+        if not removed:
+            return
+        try:
+            data = checkpoint.load(self.checkpoint_path) or CheckpointData()
+        except CheckpointCorrupt as e:
+            log.error("node %s: %s", self.node_name, e)
+            return
+        for entry in data.claims.values():
+            gone = sorted({d.device_name for d in entry.devices} & set(removed))
+            if gone:
+                log.warning("node %s: prepared claim %s uses devices %s that are no longer present",
+                            self.node_name, entry.ref, gone)
+
     # ---- recovery ----
 
     def _recover_locked(self, quarantine_corrupt: bool) -> RecoveryReport:
@@ -485,18 +418,19 @@ class DeviceState:
             quarantined = str(checkpoint.quarantine(self.checkpoint_path))
             loaded = None
         if loaded is None:
-            self._update_metrics(CheckpointData())
+            self._report(CheckpointData())
             orphans = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name))
             return RecoveryReport(orphan_specs=orphans, quarantined=quarantined)
         rebooted = bool(loaded.boot_id and self.boot_id and loaded.boot_id != self.boot_id)
         data, rolled_back = self._rollback_started(loaded)
+        devices = self.inventory.by_name
         recreated: list[str] = []
         unrecoverable: dict[str, str] = {}
         for entry in data.claims.values():
             if not rebooted and cdi.spec_exists(self.cdi_root, self.driver_name, entry.uid):
                 continue
             try:
-                cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry))
+                cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
             except (ClaimError, cdi.CDISpecInvalid, OSError) as e:
                 unrecoverable[entry.uid] = str(e)
                 continue
@@ -504,7 +438,7 @@ class DeviceState:
         if rebooted or rolled_back or (self.boot_id and loaded.boot_id != self.boot_id):
             self._save(data)
         else:
-            self._update_metrics(data)
+            self._report(data)
         orphans = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name) - set(data.claims))
         return RecoveryReport(rebooted=rebooted, rolled_back=rolled_back, recreated=recreated,
                               unrecoverable=unrecoverable, orphan_specs=orphans, quarantined=quarantined)
@@ -526,20 +460,9 @@ class DeviceState:
             log.warning("node %s: CDI specs for claims %s in %s have no checkpoint entry; left in place "
                         "(remove them once no pod uses those claims)", node, r.orphan_specs, self.cdi_root)
 
-    # ---- metrics ----
-
-    def _update_metrics(self, data: CheckpointData) -> None:
-        """Set the prepared claims/devices gauges when the plugin's metrics module is present."""
-        try:
-            metrics = importlib.import_module("topodra.plugin.metrics")
-        except ImportError:
-            return
+    def _report(self, data: CheckpointData) -> None:
         done = [e for e in data.claims.values() if e.state == PREPARE_COMPLETED]
-        n_devices = sum(len(e.devices) for e in done)
-        for attr, value in (("PREPARED_CLAIMS", len(done)), ("PREPARED_DEVICES", n_devices)):
-            gauge = getattr(metrics, attr, None)
-            if gauge is not None and hasattr(gauge, "set"):
-                gauge.set(value)
+        self.observer.prepared(len(done), sum(len(e.devices) for e in done))
 
 
 def _to_prepared(entry: ClaimEntry) -> list[PreparedDevice]:

@@ -1,8 +1,11 @@
 """``topodra kubelet-plugin``: wire discovery, ResourceSlice publishing, prepare state and the servers.
 
-Start order: discover devices → prepare state → DRA + registration sockets →
-ResourceSlice publisher → probe/metrics endpoints. On SIGTERM/SIGINT everything
-stops in reverse order: sockets are removed so the kubelet deregisters the
+Start order: discover devices into the inventory → prepare state → DRA +
+registration sockets → ResourceSlice publisher → probe/metrics endpoints.  The
+inventory is the one owner of the devices: the state, the device-health board
+and the publisher subscribe to it, and re-discovery only sets it.
+
+On SIGTERM/SIGINT everything stops in reverse order: sockets are removed so the kubelet deregisters the
 plugin, but ResourceSlices are left alone — a restarting or updated plugin takes
 them over, and the kubelet wipes them itself if no plugin comes back.
 """
@@ -23,7 +26,11 @@ from topodra.plugin.config import ConfigError, PluginConfig
 
 if TYPE_CHECKING:
     from topodra.devices import Device
-    from topodra.kube import Kube
+    from topodra.inventory import Inventory
+    from topodra.observe import Observer
+    from topodra.plugin.device_health import DeviceHealthBoard
+    from topodra.plugin.server import PluginServer
+    from topodra.publisher import SlicePublisher
     from topodra.state import DeviceState
 
 log = logging.getLogger(__name__)
@@ -41,13 +48,13 @@ class Plugin:
     def __init__(self, cfg: PluginConfig) -> None:
         self.cfg = cfg
         self._stack = ExitStack()
-        self.server: Any = None
+        self.inventory: Inventory | None = None
+        self.server: PluginServer | None = None
         self.probe_port: int | None = None
         self.metrics_port: int | None = None
-        self.devices: list[Device] = []
-        self.state: Any = None
-        self.board: Any = None
-        self.publisher: Any = None
+        self.state: DeviceState | None = None
+        self.board: DeviceHealthBoard | None = None
+        self.publisher: SlicePublisher | None = None
         self._rediscover = threading.Event()
         self._stopping = threading.Event()
 
@@ -66,56 +73,59 @@ class Plugin:
         return backend.discover()
 
     def rediscover(self) -> None:
-        """Hardware or its config changed (or may have): push the new device set everywhere."""
+        """Hardware or its config changed (or may have): set the inventory; its subscribers follow."""
+        assert self.inventory is not None, "start() first"
         try:
             devices = self.discover()
         except Exception as e:
             log.error("re-discovery failed node=%s, keeping the previous devices: %s", self.cfg.node_name, e)
             return
-        old = {d.name for d in self.devices}
-        new = {d.name for d in devices}
-        if devices == self.devices:
+        old = {d.name for d in self.inventory.devices}
+        if not self.inventory.set(devices):
             log.debug("re-discovery node=%s: no change", self.cfg.node_name)
             return
-        log.info("hardware changed node=%s: removed=%s added=%s (attributes may differ too); republishing",
+        new = {d.name for d in devices}
+        log.info("hardware changed node=%s: removed=%s added=%s (attributes may differ too); republished",
                  self.cfg.node_name, sorted(old - new) or "-", sorted(new - old) or "-")
-        self.devices = devices
-        self.state.set_devices(devices)
-        self.board.set_devices(d.name for d in devices)
-        self.publisher.set_devices(devices)
 
     def start(self) -> None:
         cfg = self.cfg
         # Imported here so that config errors are reported before the heavy imports.
+        from topodra.apipaths import claim_path
+        from topodra.inventory import Inventory
         from topodra.kube import Kube
         from topodra.plugin import metrics
-        from topodra.plugin.health import DeviceHealthBoard, ProbeServer
+        from topodra.plugin.device_health import DeviceHealthBoard
+        from topodra.plugin.health import ProbeServer
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
 
+        observer = metrics.MetricsObserver()
         with ExitStack() as stack:
-            devices = self.discover()
-            self.devices = devices
+            inventory = Inventory(self.discover())
+            self.inventory = inventory
             log.info("discovered devices node=%s hardware=%s count=%d names=%s", cfg.node_name, cfg.hardware,
-                     len(devices), ",".join(d.name for d in devices))
+                     len(inventory.devices), ",".join(d.name for d in inventory.devices))
 
             kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
             stack.callback(kube.close)
-            state = build_state(cfg, devices, kube)
+            state = build_state(cfg, inventory, observer)
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
-            board.set_devices(d.name for d in devices)
+            inventory.subscribe(board.devices_changed)
             self.board = board
 
-            server = PluginServer(driver_name=cfg.driver_name, state=state, board=board,
-                                  plugin_dir=cfg.plugin_dir, registry_dir=cfg.registry_dir,
-                                  pod_uid=cfg.pod_uid)
+            def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
+                return kube.get(claim_path(namespace, name))
+
+            server = PluginServer(driver_name=cfg.driver_name, node_name=cfg.node_name, state=state,
+                                  claim_getter=get_claim, board=board, plugin_dir=cfg.plugin_dir,
+                                  registry_dir=cfg.registry_dir, pod_uid=cfg.pod_uid)
             server.start()
             stack.callback(server.stop, STOP_GRACE_SECONDS)
             self.server = server
 
-            publisher = SlicePublisher(kube, cfg.driver_name, cfg.node_name)
-            publisher.set_devices(devices)
+            publisher = SlicePublisher(kube, cfg.driver_name, cfg.node_name, inventory, observer=observer)
             publisher.start()
             stack.callback(publisher.stop)
             self.publisher = publisher
@@ -170,17 +180,13 @@ class Plugin:
         log.info("kubelet plugin stopped driver=%s node=%s", self.cfg.driver_name, self.cfg.node_name)
 
 
-def build_state(cfg: PluginConfig, devices: list[Device], kube: Kube) -> DeviceState:
+def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket."""
-    from topodra.apipaths import claim_path
     from topodra.state import DeviceState
 
-    def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
-        return kube.get(claim_path(namespace, name))
-
-    return DeviceState(cfg.driver_name, cfg.node_name, devices, get_claim,
-                       cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir, boot_id_path=str(cfg.boot_id_file),
-                       quarantine_corrupt=cfg.quarantine_corrupt_checkpoint)
+    return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
+                       boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
+                       observer=observer)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """Prometheus metrics of the kubelet plugin, as module-level singletons.
 
-They live in one small module (no gRPC import) so that the slice publisher and
-the prepare-state code can update them directly, e.g.
-``metrics.PUBLISHED_DEVICES.set(n)`` and ``metrics.LAST_PUBLISH.set_to_current_time()``.
+They live in one small module (no gRPC import).  The core (prepare state, slice
+publisher) never imports it: it reports through a ``topodra.observe.Observer``,
+and ``MetricsObserver`` here turns those reports into metrics.
 All metrics go to prometheus_client's default registry, which also carries the
 process collector (RSS, CPU, open fds) that the memory budget is checked against.
 """
@@ -58,10 +58,32 @@ REGISTRATION_FAILURES = Counter(
     "topodra_plugin_registration_failures",
     "NotifyRegistrationStatus calls in which the kubelet reported that registration failed.",
 )
+LOCK_HOLD = Histogram(
+    "topodra_plugin_lock_hold_seconds",
+    "Time the node-wide prepare lock (thread lock + flock) was held, by operation. Only local work "
+    "(checkpoint, CDI specs) happens under it; API reads happen before it is taken.",
+    ["operation"],
+    buckets=LATENCY_BUCKETS,
+)
 HEALTH_STREAMS = Gauge(
     "topodra_plugin_health_streams",
     "Open NodeWatchResources streams (kubelet device-health watches).",
 )
+
+
+class MetricsObserver:
+    """``topodra.observe.Observer`` that updates the metrics above."""
+
+    def prepared(self, claims: int, devices: int) -> None:
+        PREPARED_CLAIMS.set(claims)
+        PREPARED_DEVICES.set(devices)
+
+    def lock_held(self, operation: str, seconds: float) -> None:
+        LOCK_HOLD.labels(operation).observe(seconds)
+
+    def published(self, devices: int) -> None:
+        PUBLISHED_DEVICES.set(devices)
+        LAST_PUBLISH.set_to_current_time()
 
 
 def serve(port: int, host: str = "127.0.0.1") -> WSGIServer:

@@ -6,10 +6,13 @@
 * Registration socket (``<registry-dir>/<driver>-reg.sock``): the plugin watcher's
   ``Registration`` service.
 
-The gRPC layer only translates: claims go to a ``DeviceState``-like object as
-``topodra.state`` dataclasses and its answers come back as protobuf. A gRPC error
-is returned only when the whole call fails; a claim that fails gets its own
-``error`` string, and every requested claim gets an entry, as the kubelet demands.
+One call, in one direction: parse the request (malformed and duplicate claims are
+answered here), read every claim from the API server concurrently and check it
+(``topodra.claims``) — all before the prepare lock — then hand plain values to the
+``DeviceState``, whose critical section does only local work, and translate its
+answers back to protobuf.  A gRPC error is returned only when the whole call
+fails; a claim that fails gets its own ``error`` string, and every requested claim
+gets an entry, as the kubelet demands.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +31,13 @@ from typing import Any, Protocol
 
 import grpc
 
+from topodra.claims import (
+    ClaimError,
+    ClaimRef,
+    FetchedClaim,
+    UnavailableClaim,
+    allocated_claim,
+)
 from topodra.pb.dra.v1 import api_pb2 as dra_v1
 from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from topodra.pb.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -38,7 +48,7 @@ from topodra.pb.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from topodra.pb.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from topodra.pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from topodra.plugin import metrics
-from topodra.plugin.health import DeviceHealthBoard, DeviceHealthServicer
+from topodra.plugin.device_health import DeviceHealthBoard, DeviceHealthServicer
 from topodra.plugin.registration import (
     RegistrationServicer,
     SocketPathError,
@@ -46,18 +56,22 @@ from topodra.plugin.registration import (
     registration_socket_path,
     supported_services,
 )
-from topodra.state import ClaimRef, PreparedDevice, PrepareResult
+from topodra.state import PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
 
 DRA_WORKERS = 10
+CLAIM_READERS = 8  # concurrent ResourceClaim GETs for one node (kubelet batches are small)
 MAX_HEALTH_STREAMS = 4  # the kubelet keeps one per registration; the rest is slack for re-dials
+
+ClaimGetter = Callable[[str, str], dict[str, Any] | None]
+"""(namespace, name) → the ResourceClaim object from the API server, None when it does not exist."""
 
 
 class DeviceStateLike(Protocol):
     """What the gRPC layer needs from the prepare state (topodra.state.DeviceState)."""
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]: ...
+    def prepare(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]: ...
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]: ...
 
@@ -79,7 +93,8 @@ def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]
 
     A claim without a UID cannot get a response entry, so it fails the call.
     A UID that appears twice cannot get two answers: it gets one error and is
-    not handled at all, so an ambiguous batch changes nothing.
+    not handled at all, so an ambiguous batch changes nothing.  This is the only
+    duplicate check: the state relies on it.
     """
     refs: list[ClaimRef] = []
     bad: dict[str, str] = {}
@@ -101,18 +116,38 @@ def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]
     return refs, bad
 
 
-def base_request_names(names: Sequence[str]) -> list[str]:
-    """Pod specs can only name main requests, so ``gpu/h100`` is reported as ``gpu``."""
-    out: list[str] = []
-    for n in names:
-        base = n.split("/", 1)[0]
-        if base not in out:
-            out.append(base)
-    return out
+class ClaimFetcher:
+    """Reads and checks the claims of one call concurrently, before the state takes its lock."""
+
+    def __init__(self, getter: ClaimGetter, driver_name: str, node_name: str,
+                 max_workers: int = CLAIM_READERS) -> None:
+        self._getter = getter
+        self._driver_name = driver_name
+        self._node_name = node_name
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="claim-get")
+
+    def fetch(self, refs: Sequence[ClaimRef]) -> list[FetchedClaim]:
+        """One result per ref, in order; errors are per claim, never raised."""
+        if len(refs) == 1:  # the common case: no thread hand-off
+            return [self._fetch_one(refs[0])]
+        return list(self._pool.map(self._fetch_one, refs))
+
+    def _fetch_one(self, ref: ClaimRef) -> FetchedClaim:
+        try:
+            obj = self._getter(ref.namespace, ref.name)
+        except Exception as e:
+            return UnavailableClaim(ref, f"claim {ref}: cannot read the ResourceClaim: {e}")
+        try:
+            return allocated_claim(ref, obj, self._driver_name, pool_name=self._node_name, node_name=self._node_name)
+        except ClaimError as e:
+            return UnavailableClaim(ref, str(e))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def device_to_pb(pb: ModuleType, d: PreparedDevice) -> Any:
-    msg = pb.Device(request_names=base_request_names(d.request_names), pool_name=d.pool_name,
+    msg = pb.Device(request_names=list(d.request_names), pool_name=d.pool_name,
                     device_name=d.device_name, cdi_device_ids=list(d.cdi_device_ids))
     if d.share_id and "share_id" in pb.Device.DESCRIPTOR.fields_by_name:
         msg.share_id = d.share_id
@@ -122,10 +157,58 @@ def device_to_pb(pb: ModuleType, d: PreparedDevice) -> Any:
 class DRAPluginServicer:
     """NodePrepareResources/NodeUnprepareResources for one API version (``pb`` = its api_pb2)."""
 
-    def __init__(self, state: DeviceStateLike, pb: ModuleType, api: str) -> None:
+    def __init__(self, state: DeviceStateLike, fetcher: ClaimFetcher, pb: ModuleType, api: str) -> None:
         self._state = state
+        self._fetcher = fetcher
         self._pb = pb
         self._api = api
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        def run(refs: list[ClaimRef]) -> Mapping[str, PrepareResult]:
+            return self._state.prepare(self._fetcher.fetch(refs))
+
+        def fill(entry: Any, ref: ClaimRef, result: PrepareResult) -> None:
+            entry.devices.extend(device_to_pb(self._pb, d) for d in result.devices)
+            log.info("prepared claim=%s api=%s devices=%s", _claim_label(ref), self._api,
+                     ",".join(f"{d.pool_name}/{d.device_name}" for d in result.devices) or "-")
+
+        return self._serve("NodePrepareResources", "prepare", request, context,
+                           self._pb.NodePrepareResourcesResponse(), run, fill)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        def run(refs: list[ClaimRef]) -> Mapping[str, PrepareResult]:
+            return {uid: PrepareResult(error=e) for uid, e in self._state.unprepare(refs).items()}
+
+        def fill(_entry: Any, ref: ClaimRef, _result: PrepareResult) -> None:
+            log.info("unprepared claim=%s api=%s", _claim_label(ref), self._api)  # an empty entry means "done"
+
+        return self._serve("NodeUnprepareResources", "unprepare", request, context,
+                           self._pb.NodeUnprepareResourcesResponse(), run, fill)
+
+    def _serve(self, method: str, what: str, request: Any, context: Any, response: Any,
+               run: Callable[[list[ClaimRef]], Mapping[str, PrepareResult]],
+               fill: Callable[[Any, ClaimRef, PrepareResult], None]) -> Any:
+        """The one skeleton of both methods: parse, run, one entry per requested claim."""
+        with self._observe(method, context):
+            refs, bad = parse_claims(request.claims)
+            results = run(refs) if refs else {}
+            by_uid = {c.uid: c for c in request.claims}
+            _warn_unknown(method, results, by_uid)
+            for uid, error in bad.items():
+                self._claim_failed(method, what, by_uid[uid], error)
+                response.claims[uid].error = error
+            for ref in refs:
+                entry = response.claims[ref.uid]
+                result = results.get(ref.uid)
+                if result is None:
+                    entry.error = f"driver returned no {what} result for claim {ref.namespace}/{ref.name}"
+                elif result.error:
+                    entry.error = result.error
+                else:
+                    fill(entry, ref, result)
+                    continue
+                self._claim_failed(method, what, ref, entry.error)
+        return response
 
     @contextmanager
     def _observe(self, method: str, context: Any) -> Iterator[None]:
@@ -152,58 +235,8 @@ class DRAPluginServicer:
         metrics.REQUEST_ERRORS.labels(method, "claim").inc()
         log.error("%s failed for claim=%s api=%s error=%s", what, _claim_label(claim), self._api, error)
 
-    def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        method = "NodePrepareResources"
-        pb = self._pb
-        response = pb.NodePrepareResourcesResponse()
-        with self._observe(method, context):
-            refs, bad = parse_claims(request.claims)
-            results = self._state.prepare(refs) if refs else {}
-            by_uid = {c.uid: c for c in request.claims}
-            _warn_unknown(method, results, by_uid)
-            for uid, error in bad.items():
-                self._claim_failed(method, "prepare", by_uid[uid], error)
-                response.claims[uid].error = error
-            for ref in refs:
-                result = results.get(ref.uid)
-                entry = response.claims[ref.uid]
-                if result is None:
-                    entry.error = f"driver returned no prepare result for claim {ref.namespace}/{ref.name}"
-                    self._claim_failed(method, "prepare", ref, entry.error)
-                elif result.error:
-                    entry.error = result.error
-                    self._claim_failed(method, "prepare", ref, result.error)
-                else:
-                    entry.devices.extend(device_to_pb(pb, d) for d in result.devices)
-                    log.info("prepared claim=%s api=%s devices=%s", _claim_label(ref), self._api,
-                             ",".join(f"{d.pool_name}/{d.device_name}" for d in result.devices) or "-")
-        return response
 
-    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        method = "NodeUnprepareResources"
-        response = self._pb.NodeUnprepareResourcesResponse()
-        with self._observe(method, context):
-            refs, bad = parse_claims(request.claims)
-            results = self._state.unprepare(refs) if refs else {}
-            by_uid = {c.uid: c for c in request.claims}
-            _warn_unknown(method, results, by_uid)
-            for uid, error in bad.items():
-                self._claim_failed(method, "unprepare", by_uid[uid], error)
-                response.claims[uid].error = error
-            for ref in refs:
-                entry = response.claims[ref.uid]  # an empty entry means "done"
-                if ref.uid not in results:
-                    entry.error = f"driver returned no unprepare result for claim {ref.namespace}/{ref.name}"
-                    self._claim_failed(method, "unprepare", ref, entry.error)
-                elif results[ref.uid]:
-                    entry.error = results[ref.uid]
-                    self._claim_failed(method, "unprepare", ref, entry.error)
-                else:
-                    log.info("unprepared claim=%s api=%s", _claim_label(ref), self._api)
-        return response
-
-
-def _warn_unknown(method: str, results: dict[str, Any], requested: dict[str, Any]) -> None:
+def _warn_unknown(method: str, results: Mapping[str, Any], requested: dict[str, Any]) -> None:
     """The kubelet rejects a whole response with an unknown UID, so such results are dropped."""
     for uid in results.keys() - requested.keys():
         log.warning("%s: state answered for claim uid=%s that was not requested; dropped", method, uid)
@@ -279,17 +312,18 @@ def remove_stale_socket(path: Path) -> None:
 class PluginServer:
     """Both sockets of one plugin instance, started and stopped in the order the kubelet needs."""
 
-    def __init__(self, *, driver_name: str, state: DeviceStateLike, board: DeviceHealthBoard,
-                 plugin_dir: Path, registry_dir: Path, pod_uid: str | None = None,
+    def __init__(self, *, driver_name: str, node_name: str, state: DeviceStateLike, claim_getter: ClaimGetter,
+                 board: DeviceHealthBoard, plugin_dir: Path, registry_dir: Path, pod_uid: str | None = None,
                  serve_health: bool = True) -> None:
         self.dra_socket = dra_socket_path(plugin_dir, pod_uid)
         self.registration_socket = registration_socket_path(registry_dir, driver_name, pod_uid)
         self.board = board
+        self.fetcher = ClaimFetcher(claim_getter, driver_name, node_name)
         self._dra = UnixSocketServer(self.dra_socket, "dra", DRA_WORKERS)
         services: list[tuple[Callable[[Any, Any], None], object]] = [
-            (dra_v1_grpc.add_DRAPluginServicer_to_server, DRAPluginServicer(state, dra_v1, "v1")),
+            (dra_v1_grpc.add_DRAPluginServicer_to_server, DRAPluginServicer(state, self.fetcher, dra_v1, "v1")),
             (dra_v1beta1_grpc.add_DRAPluginServicer_to_server,
-             DRAPluginServicer(state, dra_v1beta1, "v1beta1")),
+             DRAPluginServicer(state, self.fetcher, dra_v1beta1, "v1beta1")),
         ]
         if serve_health:
             streams = threading.BoundedSemaphore(MAX_HEALTH_STREAMS)
@@ -324,6 +358,7 @@ class PluginServer:
         self._reg.stop(0)
         self.board.close()
         self._dra.stop(grace)
+        self.fetcher.close()
 
     def problem(self) -> str | None:
         """None while healthy; else why the kubelet could not use this plugin."""

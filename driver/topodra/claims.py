@@ -1,0 +1,106 @@
+"""A ResourceClaim as prepare needs it: checked once, reduced to what this node uses.
+
+The gRPC layer reads each claim from the API server (before any lock) and runs
+``allocated_claim`` on it once: UID, allocation, driver and node are checked and
+subrequest names stripped here, so ``DeviceState`` receives only plain, valid
+values and does local work.  Everything in this module is pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from topodra.checkpoint import Access
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it: enough to unprepare, and to fetch it for prepare."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocation result of our driver: a device of this node and how it may be shared."""
+
+    request: str  # main request name (``gpus/h100`` arrives as ``gpus``); "" if the API sent none
+    device: str
+    share_id: str | None
+    access: Access
+
+
+@dataclass(frozen=True)
+class AllocatedClaim:
+    """A claim that passed every check that needs only its API object."""
+
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+
+
+@dataclass(frozen=True)
+class UnavailableClaim:
+    """A claim whose API object could not be read or used; ``error`` names the claim and why.
+
+    Prepare still answers it from the checkpoint when it is already prepared (the kubelet may
+    repeat prepare after the object is gone), and with ``error`` otherwise.
+    """
+
+    ref: ClaimRef
+    error: str
+
+
+FetchedClaim = AllocatedClaim | UnavailableClaim
+
+
+class ClaimError(Exception):
+    """A claim cannot be prepared; the message names the claim and the reason."""
+
+
+def base_request_name(request: str) -> str:
+    """``gpus/h100`` → ``gpus``: pods can reference only main request names."""
+    return request.split("/", 1)[0]
+
+
+def access_of(result: dict[str, Any]) -> Access:
+    """How an allocation result may overlap others on the same device."""
+    if result.get("adminAccess"):
+        return "admin"
+    if result.get("shareID") or result.get("consumedCapacity"):
+        return "shared"
+    return "exclusive"
+
+
+def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str, pool_name: str,
+                    node_name: str) -> AllocatedClaim:
+    """Check a fetched ResourceClaim (None: not found) against ``ref``, our driver and this node."""
+    if obj is None:
+        raise ClaimError(f"claim {ref}: ResourceClaim not found")
+    api_uid = (obj.get("metadata") or {}).get("uid")
+    if api_uid != ref.uid:
+        raise ClaimError(f"claim {ref}: ResourceClaim was replaced (the API has UID {api_uid})")
+    allocation = (obj.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"claim {ref}: ResourceClaim is not allocated")
+    results = (allocation.get("devices") or {}).get("results") or []
+    ours = [r for r in results if r.get("driver") == driver_name]
+    if not ours:
+        others = sorted({str(r.get("driver")) for r in results})
+        raise ClaimError(f"claim {ref}: no devices allocated from driver {driver_name} "
+                         f"(allocated drivers: {others or 'none'})")
+    devices: list[AllocatedDevice] = []
+    for r in ours:
+        pool, name = str(r.get("pool", "")), str(r.get("device", ""))
+        if pool != pool_name:
+            raise ClaimError(f"claim {ref}: device {pool}/{name} is from pool {pool}, but this is node "
+                             f"{node_name} (pool {pool_name}); the claim is for another node")
+        share = r.get("shareID")
+        devices.append(AllocatedDevice(request=base_request_name(str(r.get("request", ""))), device=name,
+                                       share_id=str(share) if share else None, access=access_of(r)))
+    return AllocatedClaim(ref, tuple(devices))
