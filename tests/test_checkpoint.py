@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,24 @@ def test_data_helpers_are_pure() -> None:
     assert set(d.with_claim(e).claims) == {"u1", "u2", "u3"}
     assert set(d.without_claims({"u1"}).claims) == {"u2"}
     assert set(d.claims) == {"u1", "u2"}
+
+
+def test_save_fsyncs_data_always_and_the_directory_when_durable(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / checkpoint.FILE_NAME
+    synced: list[str] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    checkpoint.save(path, checkpoint.CheckpointData(boot_id="b"), sync="data")
+    assert len(synced) == 1 and synced[0] != str(tmp_path)  # the temp file, before the rename
+    synced.clear()
+    checkpoint.save(path, checkpoint.CheckpointData(boot_id="c"))
+    assert len(synced) == 2 and synced[1] == str(tmp_path)  # then the directory
+    with pytest.raises(ValueError, match="never written without fsync"):
+        checkpoint.save(path, checkpoint.CheckpointData(boot_id="d"), sync="none")
+    assert checkpoint.load(path) == checkpoint.CheckpointData(boot_id="c")
