@@ -301,7 +301,8 @@ def write_spec(cdi_root: Path, driver_name: str, claim_uid: str, spec: dict[str,
     """
     path = spec_path(cdi_root, driver_name, claim_uid)
     cdi_root.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(spec, indent=1).encode() + b"\n", mode=0o644, sync="none")
+    # Compact: indented JSON takes the pure-Python encoder, on every prepare.
+    write_atomic(path, json.dumps(spec, separators=(",", ":")).encode() + b"\n", mode=0o644, sync="none")
     return path
 
 

@@ -108,10 +108,14 @@ def checksum(payload: Any) -> str:
 
 
 def encode(data: CheckpointData) -> bytes:
-    """The file contents for ``data`` (pure)."""
-    payload = data.model_dump(mode="json")
-    doc = {"version": VERSION, "checksum": checksum(payload), "payload": payload}
-    return json.dumps(doc, sort_keys=True, indent=1).encode() + b"\n"
+    """The file contents for ``data`` (pure).
+
+    The payload is embedded in its canonical form, so it is serialized once, by the C
+    encoder (indented output would take the pure-Python one, on every prepare).
+    """
+    body = canonical_json(data.model_dump(mode="json"))
+    digest = hashlib.sha256(body).hexdigest()
+    return b'{"version":%d,"checksum":"%s","payload":%s}\n' % (VERSION, digest.encode(), body)
 
 
 def decode(raw: bytes, path: Path) -> CheckpointData:
