@@ -320,9 +320,11 @@ def test_claims_are_read_concurrently_before_the_prepare_lock(short_dir: Path) -
         server.stop(grace=0)
     assert {uid: a.error for uid, a in answers.items()} == {f"uid-{k}": "" for k in range(n)}
     assert [list(answers[f"uid-{k}"].devices[0].request_names) for k in range(n)] == [["gpus"]] * n
-    # Every prepare held the lock, each for less than half of one API round trip.
-    assert sample("topodra_plugin_lock_hold_seconds_count", labels) == count0 + n
-    assert sample("topodra_plugin_lock_hold_seconds_bucket", {**labels, "le": "0.5"}) == fast0 + n
+    # The lock was held at most once per call (calls that queue are served together), and each
+    # time for less than half of one API round trip.
+    holds = sample("topodra_plugin_lock_hold_seconds_count", labels) - count0
+    assert 1 <= holds <= n
+    assert sample("topodra_plugin_lock_hold_seconds_bucket", {**labels, "le": "0.5"}) - fast0 == holds
 
 
 # ---------------- sockets ----------------

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -446,6 +447,59 @@ def test_fsyncs_per_call(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     synced.clear()
     st.unprepare(batch)
     assert len(synced) == 2
+
+
+def test_calls_queued_behind_the_lock_are_served_together(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group commit: while one call holds the lock, the others queue and share one checkpoint write sequence.
+
+    A UID asked for by two concurrent calls is prepared once and both get its answer.
+    """
+    st = env.state()
+    refs = [env.api.add("ns", f"c{k}", f"{k:08d}-0000-4000-8000-000000000000", [result(f"gpu-{k}")])
+            for k in range(4)]
+    fetched = {r.uid: ClaimFetcher(env.api, DRIVER, NODE).fetch([r]) for r in refs}
+    first_write = threading.Event()
+    release = threading.Event()
+    real_write = cdi.write_spec
+
+    def held_write(*args: Any, **kwargs: Any) -> Path:
+        if not first_write.is_set():
+            first_write.set()
+            assert release.wait(10)
+        return real_write(*args, **kwargs)
+
+    saves: list[int] = []
+    real_save = checkpoint.save
+
+    def counting_save(path: Path, data: checkpoint.CheckpointData, **kw: Any) -> None:
+        saves.append(len(data.claims))
+        real_save(path, data, **kw)
+
+    monkeypatch.setattr(cdi, "write_spec", held_write)
+    monkeypatch.setattr(checkpoint, "save", counting_save)
+    answers: dict[int, dict[str, PrepareResult]] = {}
+
+    def call(k: int, claims: list[Any]) -> None:
+        answers[k] = st.prepare(claims)
+
+    holder = threading.Thread(target=call, args=(0, fetched[refs[0].uid]))
+    holder.start()
+    assert first_write.wait(10)  # call 0 holds the lock, inside its CDI write
+    waiters = [threading.Thread(target=call, args=(k, fetched[refs[k].uid])) for k in (1, 2, 3)]
+    waiters.append(threading.Thread(target=call, args=(4, fetched[refs[3].uid])))  # the same claim again
+    for t in waiters:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(st._queues["prepare"]) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for t in [holder, *waiters]:
+        t.join(20)
+    assert all(r.error == "" for a in answers.values() for r in a.values()), answers
+    assert [set(answers[k]) for k in range(5)] == [{refs[k].uid} for k in (0, 1, 2, 3, 3)]
+    assert answers[3] == answers[4]
+    assert saves == [1, 1, 4, 4]  # call 0: started + completed; calls 1-4 together: started + completed
+    assert set(env.checkpoint().claims) == {r.uid for r in refs}
 
 
 # ---------------------------------------------------------------- unprepare

@@ -14,6 +14,9 @@ network.  The rules (see docs/prepare.md):
   then their CDI specs, then marks them ``PrepareCompleted`` (two checkpoint
   writes per call, however many claims).  A ``PrepareStarted`` entry seen while
   holding the lock was left by a crashed process and is rolled back.
+* Group commit: calls that queue while another holds the lock are served
+  together by the next holder, with one checkpoint write sequence for all of
+  them, so concurrent pods do not pay one fsync sequence each.
 * Crash safety rests on the checkpoint alone: CDI specs are not fsynced, and
   start-up recovery re-creates a missing spec of every prepared claim.
 * Unprepare removes the CDI specs, then the checkpoint entries; it needs only
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from topodra import cdi, checkpoint
 from topodra.checkpoint import (
@@ -58,6 +61,15 @@ CRASH_POINTS = frozenset({"after-prepare-started", "after-cdi-written", "after-u
 CRASH_EXIT_CODE = 137
 
 T = TypeVar("T")
+Item = TypeVar("Item", ClaimRef, FetchedClaim)
+
+
+@dataclass
+class _Call(Generic[Item, T]):
+    """One caller's claims waiting for the node lock; ``results`` is set by whoever serves it."""
+
+    items: Sequence[Item]
+    results: dict[str, T] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,8 @@ class DeviceState:
             raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
         self.crash_point = point
         self._lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queues: dict[str, list[_Call[Any, Any]]] = {"prepare": [], "unprepare": []}
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cdi_root.mkdir(parents=True, exist_ok=True)
         self._flock = FileLock(self.state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -147,38 +161,60 @@ class DeviceState:
 
     def prepare(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]:
         """Prepare a batch (UIDs unique); one result per claim UID (errors per claim, never raised)."""
-        nvidia_ids = self._nvidia_ids() if any(isinstance(c, AllocatedClaim) for c in claims) else {}
-        return self._batch("prepare", [c.ref for c in claims], lambda: self._prepare_locked(claims, nvidia_ids),
-                           lambda e: PrepareResult([], e))
+        return self._batch("prepare", claims, lambda c: c.ref, self._prepare_locked, lambda e: PrepareResult([], e))
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare a batch; uid → "" on success (also for unknown claims) or an error."""
-        return self._batch("unprepare", list(claims), lambda: self._unprepare_locked(claims), lambda e: e)
+        return self._batch("unprepare", claims, lambda c: c, self._unprepare_locked, lambda e: e)
 
     def recover(self, quarantine_corrupt: bool = False) -> RecoveryReport:
         """Make the checkpoint and the CDI directory agree again after a crash, restart or reboot."""
-        with self._locked("recover"):
+        with self._lock, self._node_locked("recover"):
             report = self._recover_locked(quarantine_corrupt)
         self._log_recovery(report)
         return report
 
     # ---- the one skeleton of both operations ----
 
-    def _batch(self, op: str, refs: list[ClaimRef], locked: Callable[[], dict[str, T]],
-               failed: Callable[[str], T]) -> dict[str, T]:
-        """Run ``locked`` under the node lock; if the lock or the checkpoint fails, every claim gets the error."""
-        if not refs:
+    def _batch(self, op: str, items: Sequence[Item], ref_of: Callable[[Item], ClaimRef],
+               locked: Callable[[list[Item]], dict[str, T]], failed: Callable[[str], T]) -> dict[str, T]:
+        """Serve ``items`` under the node lock, together with every call of ``op`` queued meanwhile.
+
+        If the lock or the checkpoint fails, every claim gets the error.  A UID that several
+        concurrent calls ask for is handled once and its answer goes to each of them.
+        """
+        if not items:
             return {}
-        try:
-            with self._locked(op):
-                return locked()
-        except (LockTimeout, CheckpointCorrupt, OSError) as e:
-            log.error("node %s: %s of %s failed: %s", self.node_name, op, [str(c) for c in refs], e)
-            return {c.uid: failed(f"claim {c}: {op} failed on node {self.node_name}: {e}") for c in refs}
+        call: _Call[Item, T] = _Call(items)
+        with self._queue_lock:
+            self._queues[op].append(call)
+        with self._lock:
+            if call.results is not None:  # an earlier lock holder served this call with its own
+                return call.results
+            with self._queue_lock:
+                calls: list[_Call[Item, T]] = self._queues[op]
+                self._queues[op] = []
+            by_uid: dict[str, Item] = {}
+            for c in calls:
+                for i in c.items:
+                    by_uid.setdefault(ref_of(i).uid, i)
+            merged = list(by_uid.values())
+            try:
+                with self._node_locked(op):
+                    results = locked(merged)
+            except (LockTimeout, CheckpointCorrupt, OSError) as e:
+                refs = [ref_of(i) for i in merged]
+                log.error("node %s: %s of %s failed: %s", self.node_name, op, [str(r) for r in refs], e)
+                results = {r.uid: failed(f"claim {r}: {op} failed on node {self.node_name}: {e}") for r in refs}
+            for c in calls:
+                c.results = {ref_of(i).uid: results[ref_of(i).uid] for i in c.items if ref_of(i).uid in results}
+        assert call.results is not None
+        return call.results
 
     @contextlib.contextmanager
-    def _locked(self, op: str) -> Iterator[None]:
-        with self._lock, self._flock:
+    def _node_locked(self, op: str) -> Iterator[None]:
+        """The cross-process flock (take ``self._lock`` first); reports how long it was held."""
+        with self._flock:
             start = time.perf_counter()
             try:
                 yield
@@ -227,8 +263,9 @@ class DeviceState:
 
     # ---- prepare ----
 
-    def _prepare_locked(self, claims: Sequence[FetchedClaim], nvidia_ids: dict[str, str]) -> dict[str, PrepareResult]:
+    def _prepare_locked(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]:
         data, rolled_back = self._rollback_started(self._load())
+        nvidia_ids: dict[str, str] | None = None
         devices = self.inventory.by_name
         results: dict[str, PrepareResult] = {}
         working = data
@@ -242,6 +279,8 @@ class DeviceState:
                 results[c.ref.uid] = PrepareResult([], c.error)
                 continue
             try:
+                if nvidia_ids is None:
+                    nvidia_ids = self._nvidia_ids()
                 entry, spec = self._plan(c, working, devices, nvidia_ids)
             except (ClaimError, cdi.CDISpecInvalid) as e:
                 log.warning("node %s: cannot prepare claim %s: %s", self.node_name, c.ref, e)
@@ -342,7 +381,7 @@ class DeviceState:
         return entry, spec
 
     def _nvidia_ids(self) -> dict[str, str]:
-        """The NVIDIA toolkit's CDI IDs of our GPUs (read before the lock: it is not our state)."""
+        """The NVIDIA toolkit's CDI IDs of our GPUs (its specs are parsed again only when they change)."""
         specs = cdi.load_specs(self.nvidia_spec_dirs, skip_prefix=cdi.spec_file_prefix(self.driver_name),
                                cache=self._spec_cache)
         return cdi.nvidia_gpu_ids(specs, self.inventory.devices)
