@@ -263,3 +263,31 @@ def test_newest_pool_generation_wins_and_shapes_are_shared() -> None:
     st.set_slice(newer)
     va2 = st.node_view("a")
     assert va2 is not None and len(va2.devices) == 2
+
+
+def test_closed_form_fragments_equal_the_search() -> None:
+    """``unusable``'s closed form must agree with packing by the allocator emulation, state by state."""
+    import random
+
+    from topodra.placement.score import unusable_by_search
+
+    st = state({"h100": "dgx-h100", "nvl": "h100-nvl", "a100": "dgx-a100-80gb", "l40s": "l40s"})
+    fa = {"devices": {"requests": [{"name": "gpus", "firstAvailable": [
+        {"name": "h100", "deviceClassName": "gpu-h100", "count": 2},
+        {"name": "any", "deviceClassName": "gpu.topodra.io", "count": 2}]}],
+        "constraints": [{"requests": ["gpus"], "matchAttribute": NVLINK}]}}
+    classes = [prior_demand(k, DRIVER) for k in (1, 2, 4, 8)] + [
+        parse_demand(gpus(3)), parse_demand(gpus(2, "gpu-h100", nvlink=True)), parse_demand(fa),
+        parse_demand(example_spec("gpu-4-numa"))]
+    rng = random.Random(7)
+    checked = 0
+    for node in ("h100", "nvl", "a100", "l40s"):
+        v = st.node_view(node)
+        assert v is not None
+        gpu_idx = [i for i, d in enumerate(v.devices) if d.gpu]
+        for _ in range(25):
+            used = frozenset(rng.sample(gpu_idx, rng.randint(0, len(gpu_idx))))
+            for m in classes:
+                assert unusable(v, used, m) == unusable_by_search(v, used, m), (node, sorted(used), m.label())
+                checked += 1
+    assert checked == 4 * 25 * len(classes)

@@ -231,6 +231,8 @@ class ClusterState:
         self.recent: OrderedDict[str, tuple[str, Demand]] = OrderedDict()  # uid -> (created, demand)
         self.used: dict[DeviceKey, int] = {}
         self._slices_by_node: dict[str, set[str]] = {}
+        self._pool_node: dict[str, str] = {}
+        self._used_by_node: dict[str, frozenset[int]] = {}
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
 
@@ -245,22 +247,37 @@ class ClusterState:
             return  # another driver's, or not node-local: nothing this scorer places
         self.slices[name] = obj
         self._slices_by_node.setdefault(str(node), set()).add(name)
-        self._views.pop(str(node), None)
+        self._pool_node[str((spec.get("pool") or {}).get("name", ""))] = str(node)
+        self._forget_view(str(node))
 
     def delete_slice(self, name: str) -> None:
         old = self.slices.pop(name, None)
         if old is not None:
             node = str(old["spec"]["nodeName"])
             self._slices_by_node.get(node, set()).discard(name)
-            self._views.pop(node, None)
+            self._forget_view(node)
+
+    def _forget_view(self, node: str) -> None:
+        self._views.pop(node, None)
+        self._used_by_node.pop(node, None)
+
+    def _forget_views(self) -> None:
+        self._views.clear()
+        self._used_by_node.clear()
+
+    def _claim_touched(self, info: ClaimInfo) -> None:
+        for pool, _dev in info.allocated:
+            node = self._pool_node.get(pool)
+            if node is not None:
+                self._used_by_node.pop(node, None)
 
     def set_class(self, obj: Obj) -> None:
         self.classes[_key(obj)[1]] = class_matcher(obj)
-        self._views.clear()
+        self._forget_views()
 
     def delete_class(self, name: str) -> None:
         self.classes.pop(name, None)
-        self._views.clear()
+        self._forget_views()
 
     def set_node(self, obj: Obj) -> None:
         self.nodes.add(_key(obj)[1])
@@ -275,6 +292,7 @@ class ClusterState:
         self.claims[key] = info
         for k in info.allocated:
             self.used[k] = self.used.get(k, 0) + 1
+        self._claim_touched(info)
         if info.demand is not None and info.uid and info.uid not in self.recent and self.window:
             self.recent[info.uid] = (info.created, info.demand)
             while len(self.recent) > self.window:
@@ -291,6 +309,7 @@ class ClusterState:
                 self.used[k] = n
             else:
                 self.used.pop(k, None)
+        self._claim_touched(info)
         if forget:
             self.recent.pop(info.uid, None)
 
@@ -310,19 +329,21 @@ class ClusterState:
         if kind == "slices":
             self.slices.clear()
             self._slices_by_node.clear()
-            self._views.clear()
+            self._pool_node.clear()
+            self._forget_views()
             for o in items:
                 self.set_slice(o)
         elif kind == "classes":
             self.classes.clear()
             for o in items:
                 self.set_class(o)
-            self._views.clear()
+            self._forget_views()
         elif kind == "nodes":
             self.nodes = {_key(o)[1] for o in items}
         elif kind == "claims":
             self.claims.clear()
             self.used.clear()
+            self._used_by_node.clear()
             history = dict(self.recent)
             self.recent.clear()
             for o in sorted(items, key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp", ""))):
@@ -374,7 +395,12 @@ class ClusterState:
         return view
 
     def used_indices(self, view: NodeView) -> frozenset[int]:
-        return frozenset(i for i, d in enumerate(view.devices) if d.key in self.used)
+        """Indices of the node's devices held by allocated claims (cached until a claim there changes)."""
+        got = self._used_by_node.get(view.name)
+        if got is None:
+            got = self._used_by_node[view.name] = frozenset(
+                i for i, d in enumerate(view.devices) if d.key in self.used)
+        return got
 
     def pod_demands(self, pod: Obj) -> list[Demand]:
         """The pod's claims still to be allocated, from the cache (never the API).
