@@ -325,10 +325,8 @@ class DeviceState:
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             return results
-        for ref, done in written:
+        for ref, done in written:  # logged once, by the gRPC layer, outside the lock
             results[ref.uid] = PrepareResult(_to_prepared(done))
-            log.info("node %s: prepared claim %s: devices %s", self.node_name, ref,
-                     [d.device_name for d in done.devices])
         return results
 
     def _answer_existing(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> PrepareResult:
@@ -413,11 +411,7 @@ class DeviceState:
             except OSError as e:
                 for entry in removed:
                     results[entry.uid] = f"claim {entry.ref}: cannot write checkpoint: {e}"
-                return results
-        for entry in removed:
-            log.info("node %s: unprepared claim %s: released devices %s", self.node_name, entry.ref,
-                     [d.device_name for d in entry.devices])
-        return results
+        return results  # successes are logged once, by the gRPC layer, outside the lock
 
     # ---- devices ----
 
