@@ -38,6 +38,7 @@ import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
@@ -78,22 +80,29 @@ def log(msg: str) -> None:
 
 @contextlib.contextmanager
 def cluster_lock(timeout: float) -> Iterator[None]:
-    """The local cluster uses fixed ports: take turns with the pytest fixtures and other benchmarks."""
+    """The local cluster uses fixed ports: take turns with the pytest fixtures and other benchmarks.
+
+    A blocking flock (bounded by SIGALRM) queues us fairly behind the other waiters; polling with
+    LOCK_NB would let every blocking waiter go first."""
     fd = os.open(LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        deadline = time.monotonic() + timeout
-        said = False
-        while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for {LOCK_FILE} (another test session or benchmark runs a cluster)")
+
+            def expired(_sig: int, _frame: FrameType | None) -> None:
+                raise TimeoutError
+
+            old = signal.signal(signal.SIGALRM, expired)
+            signal.alarm(max(1, int(timeout)))
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{LOCK_FILE} still held after {timeout:.0f}s") from None
-                if not said:
-                    log(f"waiting for {LOCK_FILE} (another test session or benchmark runs a cluster)")
-                    said = True
-                time.sleep(1)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except TimeoutError:
+                raise BenchError(f"{LOCK_FILE} still held after {timeout:.0f}s") from None
+            finally:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, old)
         yield
     finally:
         os.close(fd)
@@ -624,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"results: {out}")
     print_table(summary)
     if args.plots:
-        try:
+        try:  # matplotlib is the optional [bench] extra
             import placement_plots
         except ImportError as e:
             log(f"no plots ({e}); install the bench extra: pip install -e '.[bench]'")

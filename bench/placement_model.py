@@ -570,6 +570,14 @@ def nvlink_local(inv: Inventory, placement: Placement) -> bool:
     return len({inv.gpus[(placement.node, d)].nvlink for d in placement.devices}) == 1
 
 
+def subrequest_rank(job: Job, placements: Sequence[Placement]) -> int | None:
+    """The alternative the allocator chose, from the allocation's subrequest name (``gpus/h100``);
+    None when a claim has no subrequest (``exactly`` requests, extended resources)."""
+    names = alternative_names(job)
+    ranks = [names.index(p.subrequest) for p in placements if p.subrequest in names]
+    return max(ranks) if ranks and len(ranks) == len(placements) else None
+
+
 def choice_rank(job: Job, inv: Inventory, placements: Sequence[Placement]) -> int | None:
     """0 for the first listed type, 1 for the second ...; None when a GPU is of no listed type."""
     worst = 0
@@ -642,10 +650,13 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: Inventory) 
         assert s.start is not None
         waits.setdefault(str(s.job.gpus), []).append(s.start - s.job.arrival)
     ranks: Counter[str] = Counter()
-    violations = 0
+    violations = mismatches = 0
     multi_gpu_pods = nvl_local = multi_node = aligned = 0
     for s in placed:
         rank = choice_rank(s.job, inv, s.placements)
+        chosen = subrequest_rank(s.job, s.placements)
+        if chosen is not None and chosen != rank:
+            mismatches += 1  # the subrequest named a class the device's model does not belong to
         if rank is None:
             violations += 1
             ranks["violation"] += 1
@@ -673,6 +684,7 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: Inventory) 
         "wait_p95_s": {k: percentile(v, 95) for k, v in sorted(waits.items(), key=lambda kv: int(kv[0]))},
         "choice": dict(sorted(ranks.items())),
         "type_violations": violations,
+        "subrequest_mismatches": mismatches,
         "nvlink_locality": nvl_local / multi_gpu_pods if multi_gpu_pods else 1.0,
         "rail_alignment": aligned / multi_node if multi_node else math.nan,
         "multi_node_jobs": multi_node,
