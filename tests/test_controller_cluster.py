@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import ClusterHandle, wait_for
 
-from topodra.apipaths import template_path
+from topodra.apipaths import device_class_path, event_path, lease_path, profile_path, template_path
 from topodra.controller.render import HASH_ANNOTATION
 from topodra.kube import KubeError
 
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "deploy" / "crds" / "claimprofiles.topodra.io.yaml"
-PROFILES = "/apis/topodra.io/v1alpha1/namespaces/{ns}/claimprofiles"
 LOG_DIR = REPO / ".run" / "controller-test-logs"  # kept after the cluster is torn down
 
 
@@ -37,9 +36,9 @@ def crd(cluster: ClusterHandle) -> ClusterHandle:
 
 def test_device_classes_are_accepted(crd: ClusterHandle) -> None:
     names = {p.stem for p in (REPO / "deviceclasses").glob("*.yaml")}
-    stored = {c["metadata"]["name"] for c in crd.kube.list("/apis/resource.k8s.io/v1/deviceclasses")}
+    stored = {c["metadata"]["name"] for c in crd.kube.list(device_class_path())}
     assert names <= stored
-    h200 = crd.kube.get("/apis/resource.k8s.io/v1/deviceclasses/gpu-h200")
+    h200 = crd.kube.get(device_class_path("gpu-h200"))
     assert h200 is not None and "topodra.io/match" in h200["metadata"]["annotations"]
 
 
@@ -78,14 +77,14 @@ def _profile(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def test_crd_rejects_invalid_profiles(crd: ClusterHandle, spec: dict[str, Any], needle: str) -> None:
     ns = crd.namespace("bad")
     with pytest.raises(KubeError) as err:
-        crd.kube.create(PROFILES.format(ns=ns), _profile("bad", spec))
+        crd.kube.create(profile_path(ns), _profile("bad", spec))
     assert err.value.status == 422
     assert needle in err.value.message, err.value.message
 
 
 def test_crd_accepts_and_defaults(crd: ClusterHandle) -> None:
     ns = crd.namespace("ok")
-    obj = crd.kube.create(PROFILES.format(ns=ns), _profile("ok", {"alternatives": [{"deviceClassName": "gpu-l4"}]}))
+    obj = crd.kube.create(profile_path(ns), _profile("ok", {"alternatives": [{"deviceClassName": "gpu-l4"}]}))
     assert obj["spec"]["alternatives"] == [{"deviceClassName": "gpu-l4", "count": 1}]
     assert obj["spec"].get("topology") is None or obj["spec"]["topology"]["nvlink"] == "None"
 
@@ -123,13 +122,13 @@ def controller(crd: ClusterHandle) -> Iterator[tuple[ClusterHandle, str, subproc
 
 
 def _condition(cluster: ClusterHandle, ns: str, name: str, ctype: str) -> dict[str, Any] | None:
-    obj = cluster.kube.get(PROFILES.format(ns=ns) + f"/{name}") or {}
+    obj = cluster.kube.get(profile_path(ns, name)) or {}
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
 
 
 def test_controller_renders_replaces_and_deletes(controller: tuple[ClusterHandle, str, Any]) -> None:
     cluster, ns, proc = controller
-    cluster.kube.create(PROFILES.format(ns=ns), _profile("train", VALID))
+    cluster.kube.create(profile_path(ns), _profile("train", VALID))
     tmpl = wait_for(lambda: cluster.kube.get(template_path(ns, "train")), 60, "template for profile train")
     assert tmpl["metadata"]["ownerReferences"][0]["kind"] == "ClaimProfile"
     assert tmpl["spec"]["spec"]["devices"]["constraints"] == [
@@ -137,14 +136,14 @@ def test_controller_renders_replaces_and_deletes(controller: tuple[ClusterHandle
     ready = wait_for(lambda: (_condition(cluster, ns, "train", "Ready") or {}).get("status") == "True", 30,
                      "Ready=True")
     assert ready
-    prof = cluster.kube.get(PROFILES.format(ns=ns) + "/train")
+    prof = cluster.kube.get(profile_path(ns, "train"))
     assert prof is not None
     assert prof["status"]["alternatives"][0]["name"] == "h200"
 
     # update -> the immutable template is replaced (new uid, new hash)
     spec = copy.deepcopy(VALID)
     spec["alternatives"].append({"deviceClassName": "gpu-h100", "count": 4})
-    cluster.kube.merge_patch(PROFILES.format(ns=ns) + "/train", {"spec": spec})
+    cluster.kube.merge_patch(profile_path(ns, "train"), {"spec": spec})
 
     def replaced() -> dict[str, Any] | None:
         t = cluster.kube.get(template_path(ns, "train"))
@@ -155,40 +154,41 @@ def test_controller_renders_replaces_and_deletes(controller: tuple[ClusterHandle
     assert [s["name"] for s in new["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]] == ["h200", "h100"]
 
     # unknown class -> Invalid, no template
-    cluster.kube.create(PROFILES.format(ns=ns), _profile("nope", {"alternatives": [{"deviceClassName": "gpu-x"}]}))
+    cluster.kube.create(profile_path(ns), _profile("nope", {"alternatives": [{"deviceClassName": "gpu-x"}]}))
     inv = wait_for(lambda: _condition(cluster, ns, "nope", "Invalid"), 60, "Invalid condition")
     assert (inv["status"], inv["reason"]) == ("True", "UnknownDeviceClass")
     assert cluster.kube.get(template_path(ns, "nope")) is None
-    events = list(cluster.kube.list(f"/api/v1/namespaces/{ns}/events"))
+    events = list(cluster.kube.list(event_path(ns)))
     assert any(e["reason"] == "UnknownDeviceClass" and e["involvedObject"]["name"] == "nope" for e in events)
 
     # delete -> template goes
-    cluster.kube.delete(PROFILES.format(ns=ns) + "/train")
+    cluster.kube.delete(profile_path(ns, "train"))
     wait_for(lambda: cluster.kube.get(template_path(ns, "train")) is None, 60, "template deleted")
     assert proc.poll() is None
 
 
 def test_restart_is_idempotent_and_standby_waits(crd: ClusterHandle) -> None:
     ns = crd.namespace("ha")
-    crd.kube.create(PROFILES.format(ns=ns), _profile("train", VALID))
+    crd.kube.create(profile_path(ns), _profile("train", VALID))
     first = _start_controller(crd, ns, "first")
     try:
         tmpl = wait_for(lambda: crd.kube.get(template_path(ns, "train")), 60, "template")
         standby = _start_controller(crd, ns, "second")
         try:
-            lease = wait_for(lambda: crd.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/"
-                                                   "topodra-controller"), 30, "lease")
+            lease = wait_for(lambda: crd.kube.get(lease_path(ns, "topodra-controller")), 30, "lease")
             assert lease["spec"]["holderIdentity"] == "first"
-            assert _stop(first) == 0  # clean stop releases the lease
-            wait_for(lambda: (crd.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/"
-                                           "topodra-controller") or {}).get("spec", {}).get("holderIdentity")
-                     == "second", 30, "standby takes over")
+            assert _stop(first) == 0
+            # a clean stop releases the lease (or the standby already took it): no wait for its expiry
+            released = crd.kube.get(lease_path(ns, "topodra-controller")) or {}
+            assert released["spec"]["holderIdentity"] in ("", "second"), released["spec"]
+            wait_for(lambda: (crd.kube.get(lease_path(ns, "topodra-controller")) or {}).get("spec", {})
+                     .get("holderIdentity") == "second", 30, "standby takes over")
             # the new leader re-reconciles and finds the template current: no replacement
             wait_for(lambda: (_condition(crd, ns, "train", "Ready") or {}).get("status") == "True", 30, "Ready")
             time.sleep(5)  # two refresh periods
             now = crd.kube.get(template_path(ns, "train"))
             assert now is not None and now["metadata"]["uid"] == tmpl["metadata"]["uid"]
-            templates = list(crd.kube.list(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"))
+            templates = list(crd.kube.list(template_path(ns)))
             assert len(templates) == 1
         finally:
             _stop(standby)
@@ -211,7 +211,7 @@ def test_rendered_templates_are_valid_api_objects(crd: ClusterHandle, spec: dict
     from topodra.controller.render import render_template
 
     ns = crd.namespace("render")
-    prof = crd.kube.create(PROFILES.format(ns=ns), _profile("p", spec))
+    prof = crd.kube.create(profile_path(ns), _profile("p", spec))
     tmpl = render_template(ClaimProfile.from_api(prof))
     stored = crd.kube.create(template_path(ns), tmpl)
     assert stored["spec"]["spec"]["devices"]["requests"] == tmpl["spec"]["spec"]["devices"]["requests"]

@@ -304,7 +304,15 @@ def refresh_all(kube: Kube, cfg: ControllerConfig, cache: SnapshotCache) -> int:
 
 @dataclass
 class RefreshLoop:
-    """Background thread: re-check every profile each ``refresh_interval_s`` (drift, new classes, status)."""
+    """Background thread: re-check every profile each ``refresh_interval_s`` (drift, new classes, status).
+
+    Not a ``kopf.timer``: kopf registers every timer with ``requires_finalizer=True`` (kopf/on.py, no
+    setting turns it off), so each ClaimProfile would carry kopf's finalizer, and deleting a profile (or
+    its namespace) while the controller is down would hang until someone removed it by hand.  Measured on
+    the real apiserver (v1.37.2, kopf 1.45.2; our handlers plus a 2 s ``kopf.timer``, operator then stopped,
+    profile deleted): with the timer the profile carried ``kopf.zalando.org/KopfFinalizerMarker`` and was
+    still there 30 s after the delete; with this thread instead it had no finalizer and was gone in 7 ms.
+    """
 
     kube: Kube
     cfg: ControllerConfig
