@@ -29,11 +29,18 @@ sys.path.insert(0, str(HACK))
 import localcluster  # noqa: E402
 from pluginproc import CDI_ROOT, PLUGIN_DIR, REGISTRY_DIR  # noqa: E402
 
-from topodra.apipaths import claim_path, slices_path  # noqa: E402
+from topodra.apipaths import (  # noqa: E402
+    claim_path,
+    namespace_path,
+    pod_path,
+    profile_path,
+    service_account_path,
+    slices_path,
+    template_path,
+)
 from topodra.kube import Kube, KubeError  # noqa: E402
 
 NS = "topodra-demo"
-R = "/apis/resource.k8s.io/v1"
 
 
 def say(msg: str) -> None:
@@ -79,7 +86,7 @@ def ensure_process(lc: localcluster.Cluster, name: str, argv: list[str]) -> None
 def pod_claim_devices(kube: Kube, ns: str, pod: str) -> tuple[list[str], str]:
     """(allocated 'request: pool/device' strings, pool) once the pod's claim is allocated."""
     def get() -> tuple[list[str], str] | None:
-        p = kube.get(f"/api/v1/namespaces/{ns}/pods/{pod}") or {}
+        p = kube.get(pod_path(ns, pod)) or {}
         st = (p.get("status") or {}).get("resourceClaimStatuses") or []
         if not st:
             return None
@@ -106,9 +113,9 @@ def main() -> int:
          "the plugin's ResourceSlice")
     kubectl(lc, "apply", "-f", str(REPO / "deviceclasses"))
     kubectl(lc, "apply", "-f", str(REPO / "deploy/crds"))
-    if kube.get(f"/api/v1/namespaces/{NS}") is None:
-        kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    wait(lambda: kube.get(f"/api/v1/namespaces/{NS}/serviceaccounts/default"), 30, "default ServiceAccount")
+    if kube.get(namespace_path(NS)) is None:
+        kube.create(namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    wait(lambda: kube.get(service_account_path(NS, "default")), 30, "default ServiceAccount")
 
     say("part 1: pods on the real node; each container prints what CDI injected")
     for name in ("gpu-2-basic", "gpu-8-nvlink", "gpu-1-rail-nic"):
@@ -119,7 +126,7 @@ def main() -> int:
         kubectl(lc, "delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=true")
         kubectl(lc, "apply", "-n", NS, "-f", "-", stdin=text)
         devices, _ = pod_claim_devices(kube, NS, name)
-        wait(lambda n=name: (kube.get(f"/api/v1/namespaces/{NS}/pods/{n}") or {}).get("status", {})
+        wait(lambda n=name: (kube.get(pod_path(NS, n)) or {}).get("status", {})
              .get("phase") in ("Succeeded", "Failed"), 120, f"pod {name}")
         env = dict(line.split("=", 1) for line in kubectl(lc, "logs", "-n", NS, name).splitlines() if "=" in line)
         print(f"  pod {name:16s} allocated {', '.join(devices)}")
@@ -144,13 +151,13 @@ def main() -> int:
                                          {"deviceClassName": "gpu-a100-80gb", "count": 8}],
                         "topology": {"nvlink": "Required"}}}
     kubectl(lc, "apply", "-n", NS, "-f", "-", stdin=json.dumps(profile))
-    wait(lambda: kube.get(f"{R}/namespaces/{NS}/resourceclaimtemplates/train-8"), 60,
+    wait(lambda: kube.get(template_path(NS, "train-8")), 60,
          "the controller to render ResourceClaimTemplate train-8")
     print("  ClaimProfile train-8: 8 GPUs on one NVLink domain; H200, else H100, else A100-80GB")
     for k in range(7):
         name = f"train-{k}"
         try:
-            kube.create(f"/api/v1/namespaces/{NS}/pods", {
+            kube.create(pod_path(NS), {
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                 "spec": {"hostNetwork": True, "restartPolicy": "Never",
                          "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "train-8"}],
@@ -166,12 +173,12 @@ def main() -> int:
             print(f"  pod {name}: subrequest {sub:18s} on {pool:14s} ({len(devices)} GPUs)")
         else:
             time.sleep(5)
-            p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}") or {}
+            p = kube.get(pod_path(NS, name)) or {}
             conds = p.get("status", {}).get("conditions", [])
             cond: dict[str, Any] = next((c for c in conds if c["type"] == "PodScheduled"), {})
             print(f"  pod {name}: {p.get('status', {}).get('phase')} - {cond.get('message', '')[:160]}")
     time.sleep(6)
-    prof = kube.get(f"/apis/topodra.io/v1alpha1/namespaces/{NS}/claimprofiles/train-8") or {}
+    prof = kube.get(profile_path(NS, "train-8")) or {}
     for alt in (prof.get("status") or {}).get("alternatives", []):
         print(f"  status {alt.get('name'):10s} total={alt.get('devicesTotal')} free={alt.get('devicesFree')} "
               f"nodesFit={alt.get('nodesFit')}")

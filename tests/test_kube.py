@@ -86,3 +86,16 @@ def test_exec_kubeconfig_loads_through_the_official_client(tmp_path: Path) -> No
                       {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True})
     kube = Kube.from_kubeconfig(path)
     assert isinstance(kube._t, OfficialTransport) and kube.host == "https://127.0.0.1:1"
+
+
+def test_api_paths_quote_names_and_refuse_a_name_without_namespace() -> None:
+    from topodra import apipaths
+
+    assert apipaths.claim_path("ml", "a b") == "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/a%20b"
+    assert apipaths.claim_path() == "/apis/resource.k8s.io/v1/resourceclaims"  # all namespaces
+    assert apipaths.slices_path("n/1") == "/apis/resource.k8s.io/v1/resourceslices/n%2F1"
+    assert apipaths.profile_path("ml", "train") == "/apis/topodra.io/v1alpha1/namespaces/ml/claimprofiles/train"
+    assert apipaths.lease_path("kube-system") == "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    assert apipaths.node_path("n1") + "/status" == "/api/v1/nodes/n1/status"
+    with pytest.raises(ValueError, match="needs a namespace"):
+        apipaths.template_path(None, "train")

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 
-from topodra.apipaths import slices_path
+from topodra.apipaths import node_path, slices_path
 from topodra.devices import Device
 from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
@@ -79,7 +79,7 @@ class SlicePublisher:
         version, snapshot = self.inventory.snapshot()
         devices = list(snapshot)
         if self._node_uid is None:
-            node = self.kube.get(f"/api/v1/nodes/{self.node_name}")
+            node = self.kube.get(node_path(self.node_name))
             if node is None:
                 raise KubeError(404, "NodeNotFound", f"node {self.node_name} does not exist (yet)")
             self._node_uid = node["metadata"]["uid"]

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from topodra import DEFAULT_DRIVER_NAME
-from topodra.apipaths import slices_path
+from topodra.apipaths import node_path, slices_path
 from topodra.devices import Device
 from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
@@ -140,13 +140,13 @@ def fake_node_status(name: str, cpu: str = "128", memory: str = "2Ti", pods: str
 
 def ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
     """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready."""
-    existing = kube.get(f"/api/v1/nodes/{name}")
+    existing = kube.get(node_path(name))
     if existing is None:
-        kube.create("/api/v1/nodes", fake_node(name, labels))
+        kube.create(node_path(), fake_node(name, labels))
     elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
-        kube.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": labels}})
+        kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
     if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
-        kube.merge_patch(f"/api/v1/nodes/{name}/status", fake_node_status(name))
+        kube.merge_patch(node_path(name) + "/status", fake_node_status(name))
 
 
 class Simulation:
@@ -190,9 +190,9 @@ class Simulation:
             for sl in self.kube.list(slices_path(), field_selector=
                                      f"spec.driver={self.cluster.driver_name},spec.nodeName={n.name}"):
                 self.kube.delete(slices_path(sl["metadata"]["name"]))
-            node = self.kube.get(f"/api/v1/nodes/{n.name}")
+            node = self.kube.get(node_path(n.name))
             if node and FAKE_NODE_LABEL in node["metadata"].get("labels", {}):
-                self.kube.delete(f"/api/v1/nodes/{n.name}")
+                self.kube.delete(node_path(n.name))
 
 
 def configure(p: argparse.ArgumentParser) -> None:
