@@ -20,6 +20,7 @@ bins:
 
 lint: venv
 	$(VENV)/bin/ruff check $(wildcard driver tests hack bench)
+	$(VENV)/bin/lint-imports --no-cache --no-logo  # the layer contract in pyproject.toml
 
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
