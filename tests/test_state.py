@@ -599,6 +599,20 @@ def test_corrupt_checkpoint_refuses_to_start_unless_quarantined(env: Env) -> Non
     assert spec_path(env, UID1).exists()
 
 
+def test_unexpected_error_under_the_lock_answers_every_claim(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = env.state()
+    ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
+    def bug(*_a: Any) -> dict[str, Any]:
+        raise KeyError("bug")
+
+    monkeypatch.setattr(cdi, "valid_spec", bug)
+    out = env.prepare(st, [ref])
+    assert "prepare failed on node node-a: 'bug'" in out[UID1].error and "ns/a" in out[UID1].error
+    assert env.snapshot() == {}
+    monkeypatch.undo()
+    assert env.prepare(st, [ref])[UID1].error == ""  # the lock was released
+
+
 def test_corruption_after_start_fails_calls_not_process(env: Env) -> None:
     st = env.state()
     (env.state_dir / checkpoint.FILE_NAME).write_text("{not json")

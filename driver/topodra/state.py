@@ -202,9 +202,11 @@ class DeviceState:
             try:
                 with self._node_locked(op):
                     results = locked(merged)
-            except (LockTimeout, CheckpointCorrupt, OSError) as e:
+            except Exception as e:  # the lock, the checkpoint, or a bug: every queued caller must get an answer
                 refs = [ref_of(i) for i in merged]
-                log.error("node %s: %s of %s failed: %s", self.node_name, op, [str(r) for r in refs], e)
+                expected = isinstance(e, LockTimeout | CheckpointCorrupt | OSError)
+                log.error("node %s: %s of %s failed: %s", self.node_name, op, [str(r) for r in refs], e,
+                          exc_info=not expected)
                 results = {r.uid: failed(f"claim {r}: {op} failed on node {self.node_name}: {e}") for r in refs}
             for c in calls:
                 c.results = {ref_of(i).uid: results[ref_of(i).uid] for i in c.items if ref_of(i).uid in results}
