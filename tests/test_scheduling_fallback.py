@@ -2,7 +2,8 @@
 
 ClaimProfiles are rendered by the controller (a ``topodra controller`` subprocess, which also reports
 availability in the profile's status) or by its pure ``render_template``; pods use the resulting
-ResourceClaimTemplates on simulated nodes (see ``test_scheduling_topology.py`` for the helpers).
+ResourceClaimTemplates on simulated nodes (see ``test_scheduling_topology.py`` for the helpers; the
+shipped gpu-first-available example is proven there with the other examples).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 import pytest
 from conftest import REPO, ClusterHandle, wait_for
-from test_scheduling_topology import NUMA, Scenario, apply_example, one, scenario_maker
+from test_scheduling_topology import NUMA, Scenario, one, scenario_maker
 
-from topodra.apipaths import profile_path, template_path
+from topodra.apipaths import claim_path, event_path, profile_path, template_path
 from topodra.controller.profile import ClaimProfile
 from topodra.controller.render import claim_spec, render_template
 from topodra.kube import KubeError
@@ -134,21 +135,6 @@ def test_three_alternatives_fill_h200_then_h100_then_a100(crd: ClusterHandle, sc
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"  # the template is fine; the cluster is full
     assert proc.poll() is None
-
-
-def test_first_available_example_falls_back(scenarios: Callable[..., Scenario]) -> None:
-    """deploy/examples/gpu-first-available: 2 H200, else 2 H100 (here: NVL bridges), else 2 A100 80GB."""
-    s = scenarios([("h200", "dgx-h200", 1), ("nvl", "h100-nvl", 1), ("a100", "dgx-a100-80gb", 1)])
-    name, base = apply_example(s, "gpu-first-available")
-    for i in range(12):
-        role, sub = [("h200", "h200"), ("nvl", "h100"), ("a100", "a100-80gb")][i // 4]
-        s.pod(f"fa-{i}", name, s.nodes(), base)
-        node, results = s.wait_allocated(f"fa-{i}")
-        assert node in s.nodes(role), (i, node)
-        assert {r["request"] for r in results} == {f"gpus/{sub}"}
-        one(d["nvlinkDomain"] for d in s.devices(results))
-    s.pod("fa-12", name, s.nodes(), base)
-    s.wait_unschedulable("fa-12")
 
 
 # --- topology policies ------------------------------------------------------------------------------
@@ -291,7 +277,7 @@ def test_quota_per_device_class_stops_a_namespace(scenarios: Callable[..., Scena
     assert err.value.status == 403
     assert f"requested: {h100}=2, used: {h100}=4, limited: {h100}=4" in err.value.message
 
-    s.kube.delete(f"/apis/resource.k8s.io/v1/namespaces/{s.ns}/resourceclaims/a")
+    s.kube.delete(claim_path(s.ns, "a"))
     wait_for(lambda: used({h100: "2"}), 60, "quota released by the deleted claim")
     s.create(_claim("d", [_first(("h200", "gpu-h200", 2), ("h100", "gpu-h100", 2))]))
     wait_for(lambda: used({h100: "4", h200: "2"}), 60, "firstAvailable charged for both classes")
@@ -303,7 +289,7 @@ def test_quota_per_device_class_stops_a_namespace(scenarios: Callable[..., Scena
     s.pod("over", "one", s.nodes())
 
     def quota_event() -> str | None:
-        for e in s.kube.list(f"/api/v1/namespaces/{s.ns}/events"):
+        for e in s.kube.list(event_path(s.ns)):
             if e["involvedObject"].get("name") == "over" and "exceeded quota" in e.get("message", ""):
                 return f"{e['reason']}: {e['message']}"
         return None
@@ -314,5 +300,5 @@ def test_quota_per_device_class_stops_a_namespace(scenarios: Callable[..., Scena
     pod = s.get_pod("over")
     assert not pod["spec"].get("nodeName")
     assert not (pod.get("status") or {}).get("resourceClaimStatuses")
-    claims = [c["metadata"]["name"] for c in s.kube.list(f"/apis/resource.k8s.io/v1/namespaces/{s.ns}/resourceclaims")]
+    claims = [c["metadata"]["name"] for c in s.kube.list(claim_path(s.ns))]
     assert sorted(claims) == ["b", "d"]

@@ -17,14 +17,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from conftest import REPO, ClusterHandle, wait_for
 
-from topodra.apipaths import slices_path
+from topodra.apipaths import claim_path, event_path, namespace_path, pod_path, slices_path, template_path
 from topodra.kube import KubeError
 from topodra.simulate import SimulatedCluster, Simulation
 
@@ -34,7 +33,6 @@ DRIVER = "gpu.topodra.io"
 EXAMPLES = REPO / "deploy" / "examples"
 RUN_LABEL = "topodra.io/test-run"
 NUMA = "resource.kubernetes.io/numaNode"
-RESOURCE = "/apis/resource.k8s.io/v1"
 UNSCHEDULABLE_NEEDLE = "cannot allocate all claims"
 
 Obj = dict[str, Any]
@@ -74,9 +72,9 @@ class Scenario:
         try:
             if self.ns:
                 # Pods bound to kubelet-less nodes never finish a graceful delete: force them.
-                self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods",
+                self.kube.request("DELETE", pod_path(self.ns),
                                   {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
-                self.kube.delete(f"/api/v1/namespaces/{self.ns}")
+                self.kube.delete(namespace_path(self.ns))
         finally:
             self.sim.delete()
 
@@ -108,7 +106,7 @@ class Scenario:
         return self.create(pod)
 
     def get_pod(self, name: str) -> Obj:
-        pod = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods/{name}")
+        pod = self.kube.get(pod_path(self.ns, name))
         assert pod is not None, f"pod {name} vanished"
         return pod
 
@@ -118,7 +116,7 @@ class Scenario:
         name = next((s.get("resourceClaimName") for s in statuses if s.get("name") == "gpus"), None)
         if not name:
             return None
-        return self.kube.get(f"{RESOURCE}/namespaces/{self.ns}/resourceclaims/{name}")
+        return self.kube.get(claim_path(self.ns, name))
 
     def wait_allocated(self, pod_name: str, timeout: float = 60) -> tuple[str, list[Obj]]:
         """Wait until the scheduler allocated the pod's claim and bound it; (node, allocation results)."""
@@ -137,7 +135,7 @@ class Scenario:
 
     def hold_first_gpu(self, node: str, name: str) -> str:
         """Fragment a node: a 1-GPU claim takes its first free GPU (first fit); returns that device."""
-        if self.kube.get(f"{RESOURCE}/namespaces/{self.ns}/resourceclaimtemplates/one-gpu") is None:
+        if self.kube.get(template_path(self.ns, "one-gpu")) is None:
             self.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                          "metadata": {"name": "one-gpu"}, "spec": {"spec": {"devices": {"requests": [
                              {"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.io", "count": 1}}]}}}})
@@ -149,9 +147,9 @@ class Scenario:
         """Force-delete a pod and wait until its generated claim, and so its devices, are gone."""
         claim = self.claim_of(pod_name)
         assert claim is not None
-        self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods/{pod_name}",
+        self.kube.request("DELETE", pod_path(self.ns, pod_name),
                           {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
-        path = f"{RESOURCE}/namespaces/{self.ns}/resourceclaims/{claim['metadata']['name']}"
+        path = claim_path(self.ns, claim["metadata"]["name"])
         wait_for(lambda: self.kube.get(path) is None, 60, f"claim of {pod_name} deleted")
 
     def conditions(self, pod_name: str) -> list[Obj]:
@@ -172,7 +170,7 @@ class Scenario:
 
         message: str = wait_for(unschedulable, timeout, f"pod {pod_name} Unschedulable")
         assert UNSCHEDULABLE_NEEDLE in message, message
-        events = [e for e in self.kube.list(f"/api/v1/namespaces/{self.ns}/events")
+        events = [e for e in self.kube.list(event_path(self.ns))
                   if e["involvedObject"].get("name") == pod_name and e.get("reason") == "FailedScheduling"]
         assert any(UNSCHEDULABLE_NEEDLE in e.get("message", "") for e in events), events
         time.sleep(settle)
@@ -252,10 +250,42 @@ def apply_example(s: Scenario, name: str) -> tuple[str, Obj]:
 
 
 # --- the examples ----------------------------------------------------------------------------------
+# Each shipped example has one proof, registered by its file name; ``test_example`` is parametrized over
+# the files in deploy/examples, so an example without a proof fails instead of going unnoticed.
 
-def test_8_gpus_on_one_nvlink_domain(scenarios: Callable[..., Scenario]) -> None:
+Proof = Callable[[Callable[..., Scenario], str], None]
+PROOFS: dict[str, Proof] = {}
+
+
+def proves(name: str) -> Callable[[Proof], Proof]:
+    """Register the decorated function as the scheduling proof of ``deploy/examples/<name>.yaml``."""
+    def register(fn: Proof) -> Proof:
+        assert name not in PROOFS, f"{name} has two proofs"
+        PROOFS[name] = fn
+        return fn
+    return register
+
+
+def shipped_examples() -> list[str]:
+    return sorted(p.stem for p in EXAMPLES.glob("gpu-*.yaml"))
+
+
+@pytest.mark.parametrize("name", shipped_examples())
+def test_example(scenarios: Callable[..., Scenario], name: str) -> None:
+    """Apply the shipped example unchanged and prove what its comment promises, with the real scheduler."""
+    proof = PROOFS.get(name)
+    assert proof is not None, f"deploy/examples/{name}.yaml has no scheduling proof; register one with @proves"
+    proof(scenarios, name)
+
+
+def test_every_proof_has_its_example() -> None:
+    assert sorted(PROOFS) == shipped_examples()
+
+
+@proves("gpu-8-nvlink")
+def proof_8_gpus_on_one_nvlink_domain(scenarios: Callable[..., Scenario], example_name: str) -> None:
     s = scenarios([("hgx", "dgx-h100", 1), ("nvl", "h100-nvl", 1), ("l40s", "l40s", 1)])
-    name, base = apply_example(s, "gpu-8-nvlink")
+    name, base = apply_example(s, example_name)
 
     s.pod("fits", name, s.nodes(), base)
     node, results = s.wait_allocated("fits")
@@ -272,9 +302,10 @@ def test_8_gpus_on_one_nvlink_domain(scenarios: Callable[..., Scenario]) -> None
     s.wait_unschedulable("no-domain")
 
 
-def test_2_gpus_on_the_same_nvl_bridge(scenarios: Callable[..., Scenario]) -> None:
+@proves("gpu-2-nvl-bridge")
+def proof_2_gpus_on_the_same_nvl_bridge(scenarios: Callable[..., Scenario], example_name: str) -> None:
     s = scenarios([("nvl", "h100-nvl", 1), ("hgx", "dgx-h100", 1), ("l40s", "l40s", 1)])
-    name, base = apply_example(s, "gpu-2-nvl-bridge")
+    name, base = apply_example(s, example_name)
     nvl = s.nodes("nvl")[0]
     # Take the first GPU of the first pair: first fit without the constraint would now pair gpu-1 with gpu-2.
     assert s.hold_first_gpu(nvl, "holder") == "gpu-0"
@@ -304,9 +335,10 @@ def test_2_gpus_on_the_same_nvl_bridge(scenarios: Callable[..., Scenario]) -> No
     s.wait_unschedulable("pair-4")
 
 
-def test_4_gpus_on_one_numa_node(scenarios: Callable[..., Scenario]) -> None:
+@proves("gpu-4-numa")
+def proof_4_gpus_on_one_numa_node(scenarios: Callable[..., Scenario], example_name: str) -> None:
     s = scenarios([("h100", "dgx-h100", 1), ("a100", "dgx-a100-80gb", 1)])
-    name, base = apply_example(s, "gpu-4-numa")
+    name, base = apply_example(s, example_name)
 
     numa = []
     for i in range(2):
@@ -327,10 +359,11 @@ def test_4_gpus_on_one_numa_node(scenarios: Callable[..., Scenario]) -> None:
     s.wait_unschedulable("numa-2")
 
 
-def test_1_gpu_with_the_nic_of_its_rail(scenarios: Callable[..., Scenario]) -> None:
+@proves("gpu-1-rail-nic")
+def proof_1_gpu_with_the_nic_of_its_rail(scenarios: Callable[..., Scenario], example_name: str) -> None:
     # H100 NVL: 8 GPUs but one NIC per bridged pair (2 GPUs per rail); L4: GPUs without NICs or rails.
     s = scenarios([("nvl", "h100-nvl", 1), ("l4", "l4", 1)])
-    name, base = apply_example(s, "gpu-1-rail-nic")
+    name, base = apply_example(s, example_name)
 
     nics = []
     for i in range(4):
@@ -350,9 +383,10 @@ def test_1_gpu_with_the_nic_of_its_rail(scenarios: Callable[..., Scenario]) -> N
     s.wait_unschedulable("rail-4")
 
 
-def test_2_gpus_on_distinct_rails(scenarios: Callable[..., Scenario]) -> None:
+@proves("gpu-2-distinct-rails")
+def proof_2_gpus_on_distinct_rails(scenarios: Callable[..., Scenario], example_name: str) -> None:
     s = scenarios([("hgx", "dgx-h100", 1), ("nvl", "h100-nvl", 1), ("l40s", "l40s", 1)])
-    name, base = apply_example(s, "gpu-2-distinct-rails")
+    name, base = apply_example(s, example_name)
 
     # On the H100 NVL the two GPUs of a bridge share one rail; the L40S has no NVLink domain.
     s.pod("no-rails", name, s.nodes("nvl", "l40s"), base)
@@ -367,17 +401,10 @@ def test_2_gpus_on_distinct_rails(scenarios: Callable[..., Scenario]) -> None:
     one(d["nvlinkDomain"] for d in devs)
 
 
-def test_examples_are_all_covered() -> None:
-    """Every topology example in deploy/examples is proven above (or in test_scheduling_fallback.py)."""
-    here = Path(__file__).read_text()
-    fallback = (Path(__file__).parent / "test_scheduling_fallback.py").read_text()
-    for p in sorted(EXAMPLES.glob("gpu-*.yaml")):
-        assert f'"{p.stem}"' in here + fallback, f"{p.name} is not scheduled by any test"
-
-
-def test_2_gpus_of_any_model(scenarios: Callable[..., Scenario]) -> None:
+@proves("gpu-2-basic")
+def proof_2_gpus_of_any_model(scenarios: Callable[..., Scenario], example_name: str) -> None:
     s = scenarios([("l4", "l4", 1)])
-    name, base = apply_example(s, "gpu-2-basic")
+    name, base = apply_example(s, example_name)
     used: set[str] = set()
     for i in range(2):
         s.pod(f"basic-{i}", name, s.nodes(), base)
@@ -389,3 +416,19 @@ def test_2_gpus_of_any_model(scenarios: Callable[..., Scenario]) -> None:
     assert len(used) == 4
     s.pod("basic-2", name, s.nodes(), base)
     s.wait_unschedulable("basic-2")
+
+
+@proves("gpu-first-available")
+def proof_first_available_falls_back(scenarios: Callable[..., Scenario], example_name: str) -> None:
+    """deploy/examples/gpu-first-available: 2 H200, else 2 H100 (here: NVL bridges), else 2 A100 80GB."""
+    s = scenarios([("h200", "dgx-h200", 1), ("nvl", "h100-nvl", 1), ("a100", "dgx-a100-80gb", 1)])
+    name, base = apply_example(s, example_name)
+    for i in range(12):
+        role, sub = [("h200", "h200"), ("nvl", "h100"), ("a100", "a100-80gb")][i // 4]
+        s.pod(f"fa-{i}", name, s.nodes(), base)
+        node, results = s.wait_allocated(f"fa-{i}")
+        assert node in s.nodes(role), (i, node)
+        assert {r["request"] for r in results} == {f"gpus/{sub}"}
+        one(d["nvlinkDomain"] for d in s.devices(results))
+    s.pod("fa-12", name, s.nodes(), base)
+    s.wait_unschedulable("fa-12")
