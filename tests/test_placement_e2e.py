@@ -158,3 +158,6 @@ def test_scheduling_goes_on_when_the_scorer_is_down(
         s.pod(f"p-{i}", small, s.nodes())
         node, results = s.wait_allocated(f"p-{i}", timeout=60)
         assert node in s.nodes() and len(results) == 1
+    # The harness reads the scheduler's metrics as the admin (benchmarks wait on its pending pods).
+    metrics = cluster.lc.scheduler_metrics()
+    assert re.search(r'^scheduler_pending_pods\{queue="active"\} 0$', metrics, re.M), metrics[:500]
