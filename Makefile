@@ -25,7 +25,7 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
 	MYPYPATH=driver:tests:hack:bench $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
-		bench/prepare_bench.py bench/import_rss.py
+		bench/prepare_bench.py bench/import_rss.py bench/simulate_bench.py
 
 test: venv bins lint typecheck
 	$(VENV)/bin/pytest -q -ra --durations=15 tests
