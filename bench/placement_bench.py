@@ -508,6 +508,9 @@ class Replay:
         scheduler = self._scheduler_delta(sched0, sched1, wall)
         metrics["scheduler_pods_per_s"] = scheduler["pods_per_busy_s"]
         scorer = histogram_quantiles(self.env.scorer_metrics(), "prioritize", before=scorer0)
+        if self.policy == "d" and not scorer.get("count"):
+            raise BenchError("policy (d) ran but kube-scheduler never called the placement scorer "
+                             "(no prioritize observations on its /metrics)")
         if scorer:
             metrics["scorer_p50_ms"] = scorer.get("p50_ms", math.nan)
             metrics["scorer_p99_ms"] = scorer.get("p99_ms", math.nan)
@@ -551,14 +554,6 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
     return "synthetic", pm.synthetic_jobs(spec, seed)
 
 
-def summarize(results: Sequence[RunResult]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for policy in sorted({r.policy for r in results}):
-        runs = [r.metrics for r in results if r.policy == policy]
-        out[policy] = pm.aggregate(runs)
-    return out
-
-
 def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> None:
     rows = ["utilisation", "goodput", "stranded_gpus", "fgd_fragmentation", "wait_p50_s.8", "wait_p95_s.8",
             "wait_p95_s.16", "wait_p95_s.1", "type_violations", "choice.1", "choice.2", "choice.3",
@@ -592,15 +587,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="trace GPU tasks to skip first (the first ~10%% existed when the trace began and "
                         "run for months); seed k starts (k - seed0) x --jobs tasks further")
     p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="SimulatedCluster file")
-    p.add_argument("--tick", type=float, default=60.0,
+    p.add_argument("--tick", type=float, default=120.0,
                    help="virtual seconds grouped into one step (0: one step per distinct event time)")
-    p.add_argument("--settle", type=float, default=0.15, help="seconds the scheduler must stay idle")
+    p.add_argument("--settle", type=float, default=0.1, help="seconds the scheduler must stay idle")
     p.add_argument("--run-timeout", type=float, default=900, help="wall seconds one run may take")
     p.add_argument("--out", help="JSON file (default bench/results/placement-<time>.json)")
     p.add_argument("--plots", default=str(REPO / "docs" / "placement"),
                    help="directory for the PNG plots ('' for none)")
     p.add_argument("--lock-timeout", type=float, default=3600)
+    p.add_argument("--merge", nargs="+", metavar="RESULT.json",
+                   help="no cluster: combine the runs of earlier result files (e.g. a matrix run in parts), "
+                        "summarize and plot them")
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(args)
     policies = [x for x in args.policies.split(",") if x]
     bad = [x for x in policies if x not in pm.POLICIES]
     if bad or not policies:
@@ -622,12 +622,51 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
         print(f"bench/placement: {e}", file=sys.stderr)
         return 1
-    summary = summarize(results)
+    return finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
+                         "policies": {k: pm.POLICIES[k] for k in policies}}, results_as_dicts(results), out)
+
+
+def results_as_dicts(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    return [dict(r.__dict__) for r in results]
+
+
+def merge(args: argparse.Namespace) -> int:
+    """Combine the runs of several result files (same workload settings) into one document."""
+    runs: list[dict[str, Any]] = []
+    policies: dict[str, str] = {}
+    first_args: dict[str, Any] | None = None
+    for f in args.merge:
+        try:
+            doc = json.loads(Path(f).read_text())
+        except (OSError, ValueError) as e:
+            print(f"bench/placement: cannot read {f}: {e}", file=sys.stderr)
+            return 2
+        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster")
+        if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
+            print(f"bench/placement: {f} was run with other workload settings ({same})", file=sys.stderr)
+            return 2
+        first_args = first_args or doc["args"]
+        runs += doc["runs"]
+        policies.update(doc["policies"])
+    keys = [(r["policy"], r["seed"]) for r in runs]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        print(f"bench/placement: (policy, seed) pairs occur twice: {dupes}", file=sys.stderr)
+        return 2
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
+    return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge},
+                  runs, out)
+
+
+def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> int:
+    """Summarize runs (intervals per policy), write the JSON, print the table, draw the plots."""
+    summary: dict[str, Any] = {}
+    for policy in sorted({r["policy"] for r in runs}):
+        summary[policy] = pm.aggregate([r["metrics"] for r in runs if r["policy"] == policy])
     doc = {"benchmark": "placement", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-           "args": {k: v for k, v in vars(args).items() if k not in ("out", "plots")},
-           "policies": {k: pm.POLICIES[k] for k in policies},
-           "summary": summary, "runs": [r.__dict__ for r in results]}
+           **head, "summary": summary, "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=float))
     log(f"results: {out}")
@@ -648,7 +687,7 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
     state.rmdir()  # the harness refuses a foreign non-empty dir; let it create its own
     lc = localcluster.Cluster(state_dir=state)
     t0 = time.monotonic()
-    lc.up(build=False, scheduler_config=pm.scheduler_config(policies[0]))
+    lc.up(build=False)  # use_policy restarts kube-scheduler with the first policy's configuration
     env: Env | None = None
     results: list[RunResult] = []
     try:
@@ -657,7 +696,7 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         label = uuid.uuid4().hex[:6]
         _sim, node_su = publish(kube, prefixed(cluster, "", label))
         inv = build_inventory(kube, node_su, matches)
-        env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label}, policy=policies[0])
+        env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label})
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")
         for policy in policies:
             env.use_policy(policy)
