@@ -52,9 +52,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identity", default=None, help="leader-election identity (default host_pid_rand)")
 
 
+def ensure_login_name() -> None:
+    """Give the process a login name when its uid has no passwd entry (containers run as 65532).
+
+    kopf names itself ``user@host`` through ``getpass.getuser()``, which raises KeyError for such a
+    uid and crash-looped the controller pod. getuser() reads $LOGNAME first, so set that.
+    """
+    import getpass
+
+    try:
+        getpass.getuser()
+    except (KeyError, OSError):
+        os.environ["LOGNAME"] = f"uid-{os.getuid()}"
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
+    ensure_login_name()
     if args.refresh_interval < 1:
         log.error("--refresh-interval must be at least 1 second")
         return 2

@@ -1,0 +1,8 @@
+//go:build tools
+
+// Package tools pins the helm command this module builds (hack/build-bins).
+package tools
+
+import (
+	_ "helm.sh/helm/v4/cmd/helm"
+)
