@@ -54,6 +54,11 @@ def device_class_path(name: str | None = None) -> str:
     return _cluster(RESOURCE_V1, "deviceclasses", name)
 
 
+def device_taint_rule_path(name: str | None = None) -> str:
+    """DeviceTaintRules (resource.k8s.io/v1 since Kubernetes 1.37, cluster-scoped)."""
+    return _cluster(RESOURCE_V1, "devicetaintrules", name)
+
+
 def profile_path(namespace: str | None = None, name: str | None = None) -> str:
     """ClaimProfiles (topodra.io/v1alpha1)."""
     return _namespaced(PROFILE_V1ALPHA1, PROFILE_PLURAL, namespace, name)

@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "discover": ("topodra.hardware.cli", "print the devices discovered on this host (or a mock profile)"),
     "placement-scorer": ("topodra.placement.main",
                          "run the fragmentation-aware kube-scheduler extender (prioritize only)"),
+    "inventory": ("topodra.clusterview.main",
+                  "show free/allocated/tainted GPUs per node, NVLink domain and rail (read-only; --png, --serve)"),
 }
 
 

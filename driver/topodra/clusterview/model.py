@@ -1,0 +1,487 @@
+"""The inventory as plain data, built from raw API objects (JSON dicts) with no I/O.
+
+Every number ``topodra inventory`` prints, draws or exports comes from ``build_view``:
+
+* per node: each GPU and compute NIC with its state -- ``allocated`` (in some claim's
+  ``status.allocation``), else ``tainted`` (a NoSchedule/NoExecute taint in its slice or from
+  a DeviceTaintRule), else ``free`` -- and the free count per NVLink domain and per rail;
+* per GPU model: total/free/allocated/tainted, whole free NVLink domains, and the largest
+  claim placeable now on a schedulable node: any ``count`` GPUs, ``count`` GPUs on one NVLink
+  domain, ``count`` rail-aligned GPUs (each with its own free NIC on its rail);
+* fragmentation: the placement scorer's F_n (``topodra.placement.score``, docs/placement.md):
+  the expected number of a node's free GPUs the next request cannot use, over the scorer's
+  request mix (its prior mixed with the claims seen). Tainted GPUs count as in use;
+* pending claims: unallocated claims with the scheduler's reason from their pod's
+  ``PodScheduled`` condition, grouped by cause.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from topodra import DEFAULT_DRIVER_NAME
+from topodra.placement.model import ClusterState, qualified_attributes
+from topodra.placement.score import DEFAULT_PRIOR, Scorer, make_mix
+
+Obj = dict[str, Any]
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+DEFAULT_PRIOR_WEIGHT = 20.0  # the placement scorer's --prior-weight default
+DEFAULT_WINDOW = 200  # the placement scorer's --window default
+FREE, ALLOCATED, TAINTED = "free", "allocated", "tainted"
+NO_POD = "no pod uses the claim yet (DRA allocates a claim when a pod using it is scheduled)"
+NOT_TRIED = "waiting for the scheduler (no scheduling attempt reported yet)"
+
+
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The raw API objects one view is built from."""
+
+    slices: tuple[Obj, ...] = ()
+    claims: tuple[Obj, ...] = ()
+    classes: tuple[Obj, ...] = ()
+    nodes: tuple[Obj, ...] = ()
+    pods: tuple[Obj, ...] = ()
+    taint_rules: tuple[Obj, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One GPU or compute NIC."""
+
+    name: str
+    pool: str
+    kind: str  # gpu | nic
+    state: str  # free | allocated | tainted
+    model: str | None = None
+    domain: str | None = None  # nvlinkDomain
+    rail: int | None = None
+    namespace: str | None = None  # of the claim holding it
+    claim: str | None = None
+    taints: tuple[str, ...] = ()  # "key=value:Effect", blocking or not
+
+
+@dataclass(frozen=True)
+class DomainCount:
+    domain: str
+    label: str  # short form for tables and pictures
+    free: int
+    total: int
+
+
+@dataclass(frozen=True)
+class RailCount:
+    rail: int | None
+    free: int
+    total: int
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    model: str  # the node's GPU model ("A+B" for mixed nodes, "" without GPUs)
+    schedulable: bool  # Ready, not cordoned, no NoSchedule/NoExecute node taint
+    gpus: tuple[Cell, ...]
+    nics: tuple[Cell, ...]
+    domains: tuple[DomainCount, ...]
+    rails: tuple[RailCount, ...]
+    fragmentation: float  # F_n: expected free GPUs the next request cannot use
+
+    def count(self, state: str) -> int:
+        return sum(1 for g in self.gpus if g.state == state)
+
+    @property
+    def tainted_devices(self) -> tuple[str, ...]:
+        return tuple(d.name for d in (*self.gpus, *self.nics) if d.state == TAINTED)
+
+
+@dataclass(frozen=True)
+class Largest:
+    """The largest claim placeable now on one schedulable node."""
+
+    count: int  # any GPUs of the model
+    nvlink: int  # on one NVLink domain
+    rail_aligned: int  # each GPU with its own free NIC on its rail
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    model: str
+    nodes: int
+    total: int
+    free: int
+    allocated: int
+    tainted: int
+    largest: Largest
+    nvlink_domains: int
+    nvlink_domains_free: int  # every GPU of the domain free (multi-node domains: on every node)
+    fragmentation: float  # sum of F_n over the model's nodes
+    fragmentation_ratio: float  # fragmentation / free (0 when nothing is free)
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    namespace: str
+    name: str
+    device_classes: tuple[str, ...]
+    pod: str | None
+    reason: str  # the scheduler's reason (grouped form)
+    message: str  # the scheduler's message as written
+
+
+@dataclass(frozen=True)
+class PendingGroup:
+    reason: str
+    claims: tuple[str, ...]  # namespace/name
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    driver: str
+    nodes: tuple[NodeRow, ...]
+    models: tuple[ModelSummary, ...]
+    pending: tuple[PendingClaim, ...]
+    pending_groups: tuple[PendingGroup, ...]
+    mix: tuple[tuple[str, float], ...] = field(default=())  # request classes of the fragmentation measure
+    device_classes: tuple[str, ...] = ()  # every DeviceClass in the cluster (pending counts default to 0)
+
+    @property
+    def total(self) -> int:
+        return sum(m.total for m in self.models)
+
+    @property
+    def free(self) -> int:
+        return sum(m.free for m in self.models)
+
+    @property
+    def allocated(self) -> int:
+        return sum(m.allocated for m in self.models)
+
+    @property
+    def tainted(self) -> int:
+        return sum(m.tainted for m in self.models)
+
+    @property
+    def fragmentation(self) -> float:
+        return sum(n.fragmentation for n in self.nodes)
+
+    def pending_by_class(self) -> dict[str, int]:
+        """Pending claims per DeviceClass (a claim naming two classes counts under each)."""
+        out: Counter[str] = Counter({c: 0 for c in self.device_classes})
+        for p in self.pending:
+            out.update(set(p.device_classes) or {""})
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> Obj:
+        """Plain data for ``-o json|yaml``: the dataclasses plus the cluster totals."""
+        out = asdict(self)
+        out["mix"] = [{"requestClass": name, "probability": round(p, 4)} for name, p in self.mix]
+        for row, node in zip(out["nodes"], self.nodes, strict=True):
+            row.update(gpusTotal=len(node.gpus), gpusFree=node.count(FREE), gpusAllocated=node.count(ALLOCATED),
+                       gpusTainted=node.count(TAINTED), taintedDevices=list(node.tainted_devices),
+                       fragmentation=round(node.fragmentation, 4))
+        for m in out["models"]:
+            m["fragmentation"] = round(m["fragmentation"], 4)
+            m["fragmentation_ratio"] = round(m["fragmentation_ratio"], 4)
+        out["summary"] = {"total": self.total, "free": self.free, "allocated": self.allocated,
+                          "tainted": self.tainted, "fragmentation": round(self.fragmentation, 4),
+                          "pendingClaims": len(self.pending), "pendingByDeviceClass": self.pending_by_class()}
+        return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """``node-2`` before ``node-10``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def domain_label(domain: str) -> str:
+    """Short, still distinct form of an nvlinkDomain: ``nvl-cab65b58`` or ``7c1f3a52.32766``."""
+    tail = domain.rsplit("/", 1)[-1]
+    if "." in tail and len(tail) > 16:  # <clusterUUID>.<cliqueId>
+        uuid, _, clique = tail.rpartition(".")
+        return f"{uuid[:8]}.{clique}"
+    return tail[:12]
+
+
+def node_schedulable(node: Obj) -> bool:
+    """Whether a pod without special tolerations can land on the node now.
+
+    The rule of the controller's availability report: Ready, not cordoned, no NoSchedule/NoExecute taint.
+    """
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    blocked = any(t.get("effect") in BLOCKING_EFFECTS for t in spec.get("taints") or [])
+    return ready and not spec.get("unschedulable") and not blocked
+
+
+def _taint_text(t: Obj) -> str:
+    value = t.get("value")
+    return f"{t.get('key', '')}{'=' + str(value) if value else ''}:{t.get('effect', '')}"
+
+
+def rule_matches(rule: Obj, driver: str, pool: str, device: str) -> bool:
+    """Whether a DeviceTaintRule's ``deviceSelector`` (driver, pool, device; each optional) selects a device.
+
+    An empty or absent selector selects every device (the 1.37 behaviour).
+    """
+    sel = (rule.get("spec") or {}).get("deviceSelector") or {}
+    return all(not sel.get(k) or sel.get(k) == v for k, v in (("driver", driver), ("pool", pool),
+                                                               ("device", device)))
+
+
+def claim_classes(claim: Obj) -> tuple[str, ...]:
+    """DeviceClasses a claim's requests name (``exactly`` and every ``firstAvailable`` subrequest)."""
+    out: list[str] = []
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        bodies = [r["exactly"]] if r.get("exactly") else list(r.get("firstAvailable") or [])
+        for b in bodies:
+            cls = b.get("deviceClassName")
+            if isinstance(cls, str) and cls and cls not in out:
+                out.append(cls)
+    return tuple(out)
+
+
+_AVAILABLE = re.compile(r"^\s*\d+/\d+ nodes are available:\s*")
+
+
+def scheduler_causes(message: str) -> str:
+    """The causes of a FailedScheduling message without node counts, for grouping.
+
+    ``0/5 nodes are available: 1 node(s) were unschedulable, 4 cannot allocate all claims. preemption: ...``
+    -> ``cannot allocate all claims; node(s) were unschedulable``.
+    """
+    text = message.split(" preemption:", 1)[0].strip()
+    m = _AVAILABLE.match(text)
+    if not m:
+        return text.rstrip(".")
+    causes = set()
+    for part in re.split(r",\s+(?=\d+ )", text[m.end():].rstrip(".")):
+        causes.add(re.sub(r"^\d+\s+", "", part.strip()))
+    return "; ".join(sorted(c for c in causes if c))
+
+
+def _pods_by_claim(pods: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
+    """(namespace, claim name) -> a pod that uses the claim (named or generated from a template)."""
+    out: dict[tuple[str, str], Obj] = {}
+    for pod in pods:
+        ns = str((pod.get("metadata") or {}).get("namespace") or "default")
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            if ref.get("resourceClaimName"):
+                out.setdefault((ns, str(ref["resourceClaimName"])), pod)
+        for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+            if st.get("resourceClaimName"):
+                out.setdefault((ns, str(st["resourceClaimName"])), pod)
+    return out
+
+
+def pending_claims(claims: Iterable[Obj], pods: Iterable[Obj]) -> list[PendingClaim]:
+    """Unallocated claims with the scheduler's reason (from the using pod's PodScheduled condition)."""
+    users = _pods_by_claim(pods)
+    out = []
+    for c in claims:
+        if (c.get("status") or {}).get("allocation"):
+            continue
+        meta = c.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        pod = users.get((ns, name))
+        message = ""
+        if pod is None:
+            reason = NO_POD
+        else:
+            cond = next((x for x in (pod.get("status") or {}).get("conditions") or []
+                         if x.get("type") == "PodScheduled" and x.get("status") == "False"), None)
+            if cond is None:
+                reason = NOT_TRIED
+            else:
+                message = str(cond.get("message") or "")
+                causes = scheduler_causes(message)
+                reason = f"{cond.get('reason') or 'Unschedulable'}: {causes}" if causes else str(cond.get("reason"))
+        out.append(PendingClaim(namespace=ns, name=name, device_classes=claim_classes(c),
+                                pod=str((pod.get("metadata") or {}).get("name")) if pod else None,
+                                reason=reason, message=message))
+    out.sort(key=lambda p: (p.reason, p.namespace, p.name))
+    return out
+
+
+def group_pending(pending: Iterable[PendingClaim]) -> list[PendingGroup]:
+    groups: dict[str, list[str]] = defaultdict(list)
+    for p in pending:
+        groups[p.reason].append(f"{p.namespace}/{p.name}")
+    return [PendingGroup(reason=r, claims=tuple(sorted(cs))) for r, cs in
+            sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
+def _newest_slices(slices: Iterable[Obj], driver: str) -> list[Obj]:
+    """Node-local slices of ``driver`` from the newest generation of each pool."""
+    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver and s["spec"].get("nodeName")]
+    newest: dict[str, int] = {}
+    for s in mine:
+        pool = s["spec"].get("pool") or {}
+        newest[str(pool.get("name", ""))] = max(newest.get(str(pool.get("name", "")), -1),
+                                                int(pool.get("generation", 0)))
+    return [s for s in mine if int((s["spec"].get("pool") or {}).get("generation", 0))
+            == newest[str((s["spec"].get("pool") or {}).get("name", ""))]]
+
+
+def _holders(claims: Iterable[Obj], driver: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(pool, device) -> (namespace, claim) for every allocated device of ``driver``."""
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    for c in claims:
+        meta = c.get("metadata") or {}
+        results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        for r in results:
+            if r.get("driver") == driver:
+                out[(str(r.get("pool", "")), str(r.get("device", "")))] = (str(meta.get("namespace", "")),
+                                                                           str(meta.get("name", "")))
+    return out
+
+
+def _pairs_by_rail(gpus: Iterable[Cell], nics: Iterable[Cell]) -> int:
+    """GPU+NIC pairs sharing a rail that can be formed from free devices (per-rail minimum)."""
+    g = Counter(c.rail for c in gpus if c.rail is not None)
+    n = Counter(c.rail for c in nics if c.rail is not None)
+    return sum(min(k, n[r]) for r, k in g.items())
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
+               prior: Mapping[int, float] = DEFAULT_PRIOR, prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+               window: int = DEFAULT_WINDOW, nodes: Iterable[str] | None = None) -> ClusterView:
+    """The whole inventory. ``nodes`` limits the per-node part and the per-model sums to those nodes.
+
+    Nodes without a Node object (slices only) are shown and treated as schedulable.
+    """
+    wanted = set(nodes) if nodes is not None else None
+    node_objs = {str((n.get("metadata") or {}).get("name", "")): n for n in src.nodes}
+    slices = _newest_slices(src.slices, driver)
+    holders = _holders(src.claims, driver)
+    rules = [r for r in src.taint_rules if ((r.get("spec") or {}).get("taint") or {}).get("effect")]
+
+    # The scorer's own state and measure: same parsing, same node views, same request mix.
+    state = ClusterState(driver, window=window)
+    state.replace("classes", src.classes)
+    state.replace("slices", slices)
+    state.replace("claims", src.claims)
+    known = frozenset(k for k, m in state.classes.items() if m is not None)
+    mix = make_mix(prior, prior_weight, state.observed_mix(), driver, known)
+    scorer = Scorer()
+
+    by_node: dict[str, list[Obj]] = defaultdict(list)
+    for s in slices:
+        by_node[str(s["spec"]["nodeName"])].append(s)
+    rows: list[NodeRow] = []
+    for node in sorted(by_node, key=natural_key):
+        if wanted is not None and node not in wanted:
+            continue
+        cells: dict[tuple[str, str], Cell] = {}
+        for s in sorted(by_node[node], key=lambda s: str(s["metadata"]["name"])):
+            pool = str(s["spec"]["pool"].get("name", ""))
+            for dev in s["spec"].get("devices") or []:
+                attrs = qualified_attributes(dev, driver)
+                kind = attrs.get(f"{driver}/type")
+                if kind not in ("gpu", "nic"):
+                    continue
+                name = str(dev.get("name", ""))
+                taints = [*(dev.get("taints") or []),
+                          *((r.get("spec") or {}).get("taint") or {} for r in rules
+                            if rule_matches(r, driver, pool, name))]
+                holder = holders.get((pool, name))
+                blocked = any(t.get("effect") in BLOCKING_EFFECTS for t in taints)
+                st = ALLOCATED if holder else TAINTED if blocked else FREE
+                rail = attrs.get(f"{driver}/rail")
+                domain = attrs.get(f"{driver}/nvlinkDomain")
+                cells[(pool, name)] = Cell(
+                    name=name, pool=pool, kind=str(kind), state=st,
+                    model=str(attrs[f"{driver}/model"]) if f"{driver}/model" in attrs else None,
+                    domain=str(domain) if domain is not None else None,
+                    rail=int(rail) if isinstance(rail, int) else None,
+                    namespace=holder[0] if holder else None, claim=holder[1] if holder else None,
+                    taints=tuple(_taint_text(t) for t in taints))
+        gpus = sorted((c for c in cells.values() if c.kind == "gpu"),
+                      key=lambda c: (c.domain or "~", natural_key(c.name)))
+        nics = sorted((c for c in cells.values() if c.kind == "nic"),
+                      key=lambda c: (c.rail if c.rail is not None else 1 << 30, natural_key(c.name)))
+        domains: dict[str, list[Cell]] = defaultdict(list)
+        for g in gpus:
+            if g.domain is not None:
+                domains[g.domain].append(g)
+        rails: dict[int | None, list[Cell]] = defaultdict(list)
+        for n in nics:
+            rails[n.rail].append(n)
+        view = state.node_view(node)
+        frag = 0.0
+        if view is not None:
+            busy = frozenset(i for i, d in enumerate(view.devices)
+                             if d.key in cells and cells[d.key].state != FREE)
+            frag = scorer.fragmentation(view, busy, mix)
+        models = Counter(g.model or "unknown" for g in gpus)
+        rows.append(NodeRow(
+            name=node, model="+".join(m for m, _ in models.most_common()),
+            schedulable=node_schedulable(node_objs[node]) if node in node_objs else True,
+            gpus=tuple(gpus), nics=tuple(nics),
+            domains=tuple(DomainCount(d, domain_label(d), sum(1 for g in gs if g.state == FREE), len(gs))
+                          for d, gs in domains.items()),
+            rails=tuple(RailCount(r, sum(1 for n in ns if n.state == FREE), len(ns))
+                        for r, ns in sorted(rails.items(), key=lambda kv: -1 if kv[0] is None else kv[0])),
+            fragmentation=frag))
+
+    pending = pending_claims(src.claims, src.pods)
+    return ClusterView(driver=driver, nodes=tuple(rows), models=tuple(summarize_models(rows)),
+                       pending=tuple(pending), pending_groups=tuple(group_pending(pending)),
+                       mix=tuple((d.label(), p) for d, p in mix.classes),
+                       device_classes=tuple(sorted(str((c.get("metadata") or {}).get("name", ""))
+                                                   for c in src.classes)))
+
+
+def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
+    """Per GPU model: counts, whole free NVLink domains, largest placeable claim, fragmentation."""
+    rows = list(rows)
+    out = []
+    models = sorted({g.model or "unknown" for r in rows for g in r.gpus})
+    for model in models:
+        total = free = allocated = tainted = 0
+        nodes = 0
+        frag = 0.0
+        best = [0, 0, 0]
+        domains: dict[str, list[Cell]] = defaultdict(list)
+        for r in rows:
+            mine = [g for g in r.gpus if (g.model or "unknown") == model]
+            if not mine:
+                continue
+            nodes += 1
+            total += len(mine)
+            free_gpus = [g for g in mine if g.state == FREE]
+            free += len(free_gpus)
+            allocated += sum(1 for g in mine if g.state == ALLOCATED)
+            tainted += sum(1 for g in mine if g.state == TAINTED)
+            if r.model == model:
+                frag += r.fragmentation
+            for g in mine:
+                if g.domain is not None:
+                    domains[g.domain].append(g)
+            if not r.schedulable:
+                continue
+            per_domain = Counter(g.domain for g in free_gpus if g.domain is not None)
+            free_nics = [n for n in r.nics if n.state == FREE]
+            best[0] = max(best[0], len(free_gpus))
+            best[1] = max(best[1], max(per_domain.values(), default=0))
+            best[2] = max(best[2], _pairs_by_rail(free_gpus, free_nics))
+        whole_free = sum(1 for gs in domains.values() if all(g.state == FREE for g in gs))
+        out.append(ModelSummary(model=model, nodes=nodes, total=total, free=free, allocated=allocated,
+                                tainted=tainted, largest=Largest(*best), nvlink_domains=len(domains),
+                                nvlink_domains_free=whole_free, fragmentation=frag,
+                                fragmentation_ratio=frag / free if free else 0.0))
+    return out

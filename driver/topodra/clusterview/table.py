@@ -1,0 +1,81 @@
+"""The inventory as text: a table per node, a summary per GPU model, pending claims by reason. Pure."""
+
+from __future__ import annotations
+
+from topodra.clusterview.model import FREE, ClusterView, NodeRow, RailCount
+
+MAX_LISTED = 4  # claims named per pending group before "+N more"
+
+
+def _grid(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def rails_text(rails: tuple[RailCount, ...]) -> str:
+    """Free NICs per rail in rail order: ``11101111`` (one digit per rail), spaced when a count exceeds 9."""
+    if not rails:
+        return "-"
+    counts = [str(r.free) for r in rails]
+    return ("" if all(len(c) == 1 for c in counts) else " ").join(counts)
+
+
+def rail_header(rows: tuple[NodeRow, ...]) -> str:
+    known = sorted({r.rail for n in rows for r in n.rails if r.rail is not None})
+    if not known:
+        return "NICS/RAIL"
+    return f"NICS/RAIL {known[0]}-{known[-1]}" if len(known) > 1 else f"NICS/RAIL {known[0]}"
+
+
+def node_table(view: ClusterView) -> list[str]:
+    rows = [["NODE", "MODEL", "GPUS FREE", "NVLINK FREE/GPUS", rail_header(view.nodes), "TAINTED"]]
+    for n in view.nodes:
+        domains = " ".join(f"{d.label}:{d.free}/{d.total}" for d in n.domains) or "-"
+        rows.append([n.name + ("" if n.schedulable else " (unschedulable)"), n.model or "-",
+                     f"{n.count(FREE)}/{len(n.gpus)}", domains, rails_text(n.rails),
+                     ",".join(n.tainted_devices) or "-"])
+    return _grid(rows)
+
+
+def model_table(view: ClusterView) -> list[str]:
+    rows = [["MODEL", "NODES", "GPUS", "FREE", "ALLOCATED", "TAINTED", "LARGEST CLAIM ANY/NVLINK/RAIL",
+             "FREE NVLINK DOMAINS", "FRAGMENTED"]]
+    for m in view.models:
+        rows.append([m.model, str(m.nodes), str(m.total), str(m.free), str(m.allocated), str(m.tainted),
+                     f"{m.largest.count}/{m.largest.nvlink}/{m.largest.rail_aligned}",
+                     f"{m.nvlink_domains_free}/{m.nvlink_domains}",
+                     f"{m.fragmentation:.1f} ({m.fragmentation_ratio:.0%} of free)"])
+    return _grid(rows)
+
+
+def summary_line(view: ClusterView) -> str:
+    frag = view.fragmentation
+    share = f" ({frag / view.free:.0%} of free)" if view.free else ""
+    return (f"{view.total} GPUs: {view.free} free, {view.allocated} allocated, {view.tainted} tainted; "
+            f"fragmented {frag:.1f} GPUs{share}; {len(view.pending)} pending claims")
+
+
+def pending_lines(view: ClusterView) -> list[str]:
+    if not view.pending:
+        return ["No pending claims."]
+    out = [f"Pending claims ({len(view.pending)}), by the scheduler's reason:"]
+    for g in view.pending_groups:
+        names = ", ".join(g.claims[:MAX_LISTED]) + (f", +{len(g.claims) - MAX_LISTED} more"
+                                                     if len(g.claims) > MAX_LISTED else "")
+        out.append(f"  {len(g.claims):>4}  {g.reason}")
+        out.append(f"        {names}")
+    return out
+
+
+def render_table(view: ClusterView) -> str:
+    """The whole text report."""
+    if not view.nodes:
+        lines = [f"No ResourceSlices of {view.driver} on any node (is the kubelet plugin or the simulator running?)"]
+    else:
+        lines = node_table(view)
+    lines += ["", *model_table(view), "", "Cluster: " + summary_line(view),
+              "Fragmented: free GPUs the next request cannot use, expected over the placement scorer's request mix (" +
+              ", ".join(f"{name} {p:.0%}" for name, p in view.mix) + ").",
+              "", *pending_lines(view)]
+    return "\n".join(lines) + "\n"
+
