@@ -814,6 +814,25 @@ class Side:
     driver: str
     device_class: str
     pools: frozenset[str]
+    server_totals: Callable[[], dict[str, tuple[float, float]]] | None = None  # topodra's own request metrics
+
+
+def timed_block(name: str, side: Side, claims: list[Claim], concurrency: int, cycles_per_caller: int,
+                ) -> tuple[list[float], list[float], float, dict[str, tuple[float, float]]]:
+    """One block on one side: (prepare s, unprepare s, wall s, the plugin's own (sum s, count) per method
+    during the timed part, when it exports them)."""
+    before: dict[str, tuple[float, float]] = {}
+
+    def read_before() -> None:
+        if side.server_totals is not None:
+            before.update(side.server_totals())
+
+    p, u, wall = drive(name, side.stub, claims, side.checker, concurrency, cycles_per_caller, BLOCK_WARMUP,
+                       read_before)
+    if side.server_totals is None:
+        return p, u, wall, {}
+    after = side.server_totals()
+    return p, u, wall, {m: (after[m][0] - before[m][0], after[m][1] - before[m][1]) for m in after}
 
 
 def interleaved(name: str, devices: int, concurrency: int, cycles_per_caller: int, sides: dict[str, Side],
@@ -822,21 +841,31 @@ def interleaved(name: str, devices: int, concurrency: int, cycles_per_caller: in
     rounds of one block per side (order from ``block_order``), ``cycles_per_caller`` split over them."""
     per_block = max(1, math.ceil(cycles_per_caller / rounds))
     out = {}
+    server: dict[str, dict[str, list[float]]] = {k: {} for k in sides}
     for key, side in sides.items():
         sc = out[key] = Scenario(name, devices, "exclusive", concurrency, per_block * rounds)
         sc.first_prepare_s = first_cycle(side.stub, claims[key][0], side.checker)
         drive(f"{side.label} {name} warm-up", side.stub, claims[key], side.checker, concurrency, 0, warmup)
     for order in block_order(rounds):
         for key in order:
-            side, sc = sides[key], out[key]
-            p, u, wall = drive(f"{side.label} {name}", side.stub, claims[key], side.checker, concurrency,
-                               per_block, BLOCK_WARMUP)
+            sc = out[key]
+            p, u, wall, delta = timed_block(f"{sides[key].label} {name}", sides[key], claims[key], concurrency,
+                                            per_block)
+            for method, (total, count) in delta.items():
+                acc = server[key].setdefault(method, [0.0, 0.0])
+                acc[0] += total
+                acc[1] += count
             sc.prepare_s += p
             sc.unprepare_s += u
             sc.wall_s += wall
             sc.blocks.append({"prepare": round(statistics.median(p) * 1000, 3),
                               "unprepare": round(statistics.median(u) * 1000, 3)})
     for key, sc in out.items():
+        for method, (total, count) in server[key].items():
+            if int(count) != len(sc.prepare_s):
+                raise BenchError(f"{name}: {sides[key].label} counted {count:.0f} {method} calls, we made "
+                                 f"{len(sc.prepare_s)}")
+            sc.server["prepare" if method == "NodePrepareResources" else "unprepare"] = round(total / count * 1000, 3)
         p, u = sc.result()["prepare_ms"], sc.result()["unprepare_ms"]
         log(f"{sides[key].label} {name}: prepare median {p['median']} p99 {p['p99']} ms; unprepare median "
             f"{u['median']} p99 {u['p99']} ms ({len(sc.prepare_s)} cycles)")
@@ -886,7 +915,7 @@ def _compare(args: argparse.Namespace, lc: localcluster.Cluster, kube: Kube, wor
         with KubeletStub(a.socket) as sa, KubeletStub(other_socket) as sb:
             sides = {
                 "a": Side(labels["a"], sa, CycleChecker(lambda uid: spec_path(a.cdi_root, DRIVER, uid).exists()),
-                          NODE, DRIVER, DRIVER, frozenset([NODE])),
+                          NODE, DRIVER, DRIVER, frozenset([NODE]), lambda: server_totals(a)),
                 "b": Side(labels["b"], sb, CycleChecker(b.spec_exists), OTHER_NODE, other_driver, OTHER_CLASS,
                           pools)}
             streams = [health_stream(sa), health_stream(sb)]  # the other may not serve health; then it just ends
