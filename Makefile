@@ -4,9 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv lint typecheck unit test demo demo-down bins proto clean
+.PHONY: venv deps lint typecheck unit test demo demo-down bins proto clean fresh-check image helm-lint
 
-$(VENV)/.installed: pyproject.toml
+# System packages first: a fresh Debian 12 has no python3-venv, so `make venv` alone would fail there.
+deps:
+	hack/install-deps
+
+$(VENV)/.installed: pyproject.toml | deps
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
@@ -14,8 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-bins:
-	hack/install-deps
+bins: deps
 	hack/build-bins >/dev/null
 
 lint: venv
@@ -38,3 +41,7 @@ demo-down:
 
 proto: venv
 	hack/gen-proto
+
+# The README's setup path in a clean clone with empty HOME/Go caches/binary cache (cold build: ~15 min).
+fresh-check:
+	hack/fresh-machine-check

@@ -83,6 +83,17 @@ def ensure_process(lc: localcluster.Cluster, name: str, argv: list[str]) -> None
     lc.start_process(name, argv)
 
 
+def run_logged(lc: localcluster.Cluster, name: str, argv: list[str]) -> None:
+    """Run a one-shot component with its log in the cluster's log dir: the terminal keeps the story."""
+    lc.logs.mkdir(parents=True, exist_ok=True)
+    path = lc.logs / f"{name}.log"
+    with path.open("ab") as logf:
+        r = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"demo: {name} failed ({r.returncode}); last lines of {path}:\n"
+                         f"{localcluster.tail(path)}")
+
+
 def pod_claim_devices(kube: Kube, ns: str, pod: str) -> tuple[list[str], str]:
     """(allocated 'request: pool/device' strings, pool) once the pod's claim is allocated."""
     def get() -> tuple[list[str], str] | None:
@@ -135,8 +146,10 @@ def main() -> int:
         kubectl(lc, "delete", "pod", name, "-n", NS, "--wait=true")
 
     say("part 2: a simulated heterogeneous cluster (2x DGX H200, 2x DGX H100, 2x DGX A100 80GB, 2x H100 NVL)")
-    subprocess.run([py, "-m", "topodra.cli", "simulate", str(REPO / "hack/clusters/mixed-8.yaml"),
-                    f"--kubeconfig={lc.admin_kubeconfig}", "--once"], check=True)
+    run_logged(lc, "topodra-simulate-once", [py, "-m", "topodra.cli", "simulate",
+                                              str(REPO / "hack/clusters/mixed-8.yaml"),
+                                              f"--kubeconfig={lc.admin_kubeconfig}", "--once"])
+    print(f"  8 simulated nodes published their ResourceSlices (log: {lc.logs / 'topodra-simulate-once.log'})")
     ensure_process(lc, "topodra-simulate", [py, "-m", "topodra.cli", "simulate",
                                             str(REPO / "hack/clusters/mixed-8.yaml"),
                                             f"--kubeconfig={lc.admin_kubeconfig}"])
