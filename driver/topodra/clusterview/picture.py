@@ -109,6 +109,10 @@ def _gpu_columns(node: NodeRow) -> list[tuple[Cell, float]]:
     return out
 
 
+def _square(x: float, y: float, size: float) -> list[tuple[float, float]]:
+    return [(x, y), (x + size, y), (x + size, y + size), (x, y + size)]
+
+
 def title_lines(view: ClusterView) -> list[str]:
     lines = ["topodra inventory: " + summary_line(view)]
     for m in view.models:
@@ -121,14 +125,13 @@ def title_lines(view: ClusterView) -> list[str]:
 
 def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
     """Draw the view into ``path`` (PNG). Needs matplotlib (``pip install 'topodra[png]'``)."""
-    try:
-        import matplotlib
+    try:  # the object API without pyplot: no global figure state, no GUI backend, fewer imports
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.collections import PolyCollection
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch, Rectangle
     except ImportError:
         raise RuntimeError("--png needs matplotlib: pip install 'topodra[png]'") from None
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    from matplotlib.collections import PatchCollection
-    from matplotlib.patches import Patch, Rectangle
 
     rows = row_order(view)
     ns_colours = namespace_colours(view)
@@ -161,74 +164,72 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
     bottom_in = 0.2
     fig_h = top_in + axes_h_in + bottom_in
 
-    fig = plt.figure(figsize=(fig_w, fig_h), dpi=dpi)
-    try:
-        ax = fig.add_axes((name_in / fig_w, bottom_in / fig_h, axes_w_in / fig_w, axes_h_in / fig_h))
-        ax.set_xlim(0, width_units)
-        ax.set_ylim(max(len(rows), 1), 0)
-        ax.axis("off")
-        pad = (1 - CELL) / 2
-        centres: dict[tuple[str, str], tuple[float, float]] = {}
-        boxes: list[Rectangle] = []
-        faces: list[str] = []
-        edges: list[str] = []
+    fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((name_in / fig_w, bottom_in / fig_h, axes_w_in / fig_w, axes_h_in / fig_h))
+    ax.set_xlim(0, width_units)
+    ax.set_ylim(max(len(rows), 1), 0)
+    ax.axis("off")
+    pad = (1 - CELL) / 2
+    centres: dict[tuple[str, str], tuple[float, float]] = {}
+    boxes: list[list[tuple[float, float]]] = []  # corners: one PolyCollection draws every cell
+    faces: list[str] = []
+    edges: list[str] = []
 
-        # Bands behind the nodes of one multi-node NVLink domain.
-        start = 0
-        for i in range(len(rows) + 1):
-            if i == len(rows) or rows[i][1] != rows[start][1]:
-                dom = rows[start][1] if rows else None
-                if dom is not None:
-                    ax.add_patch(Rectangle((-0.2, start), width_units + 0.2, i - start, facecolor=BAND_COLOUR,
-                                           edgecolor="#9fb3d1", linewidth=0.8, zorder=0))
-                    free = sum(1 for n, _d in rows[start:i] for g in n.gpus if g.domain == dom and g.state == FREE)
-                    ax.text(width_units + 0.3, (start + i) / 2, f"NVLink {domain_label(dom)}\n"
-                            f"{shared[dom]} GPUs, {free} free", va="center", ha="left", fontsize=7)
-                start = i
+    # Bands behind the nodes of one multi-node NVLink domain.
+    start = 0
+    for i in range(len(rows) + 1):
+        if i == len(rows) or rows[i][1] != rows[start][1]:
+            dom = rows[start][1] if rows else None
+            if dom is not None:
+                ax.add_patch(Rectangle((-0.2, start), width_units + 0.2, i - start, facecolor=BAND_COLOUR,
+                                       edgecolor="#9fb3d1", linewidth=0.8, zorder=0))
+                free = sum(1 for n, _d in rows[start:i] for g in n.gpus if g.domain == dom and g.state == FREE)
+                ax.text(width_units + 0.3, (start + i) / 2, f"NVLink {domain_label(dom)}\n"
+                        f"{shared[dom]} GPUs, {free} free", va="center", ha="left", fontsize=7)
+            start = i
 
-        for y, (node, _dom) in enumerate(rows):
-            ax.text(-0.3, y + 0.5, node.name + ("" if node.schedulable else " (x)"), ha="right", va="center",
-                    fontsize=7, color="black" if node.schedulable else "#888888")
-            for cell, x in columns[node.name]:
-                boxes.append(Rectangle((x + pad, y + pad), CELL, CELL))
-                faces.append(cell_colour(cell, ns_colours))
-                edges.append(TAINTED_COLOUR if cell.state == ALLOCATED and blocked(cell) else EDGE_COLOUR)
-                centres[(node.name, cell.name)] = (x + 0.5, y + 0.5)
-            for k, nic in enumerate(node.nics):
-                slot = rails.index(nic.rail) if nic.rail in rails and len(rails) >= len(node.nics) else k
-                x = nic_x0 + slot * NIC_STEP
-                size = NIC_STEP * CELL
-                boxes.append(Rectangle((x + (NIC_STEP - size) / 2, y + 0.5 - size / 2), size, size))
-                faces.append(cell_colour(nic, ns_colours))
-                edges.append(EDGE_COLOUR)
-                centres[(node.name, nic.name)] = (x + NIC_STEP / 2, y + 0.5)
-        ax.add_collection(PatchCollection(boxes, facecolors=faces, edgecolors=edges, linewidths=0.6, zorder=2))
+    for y, (node, _dom) in enumerate(rows):
+        ax.text(-0.3, y + 0.5, node.name + ("" if node.schedulable else " (x)"), ha="right", va="center",
+                fontsize=7, color="black" if node.schedulable else "#888888")
+        for cell, x in columns[node.name]:
+            boxes.append(_square(x + pad, y + pad, CELL))
+            faces.append(cell_colour(cell, ns_colours))
+            edges.append(TAINTED_COLOUR if cell.state == ALLOCATED and blocked(cell) else EDGE_COLOUR)
+            centres[(node.name, cell.name)] = (x + 0.5, y + 0.5)
+        for k, nic in enumerate(node.nics):
+            slot = rails.index(nic.rail) if nic.rail in rails and len(rails) >= len(node.nics) else k
+            x = nic_x0 + slot * NIC_STEP
+            size = NIC_STEP * CELL
+            boxes.append(_square(x + (NIC_STEP - size) / 2, y + 0.5 - size / 2, size))
+            faces.append(cell_colour(nic, ns_colours))
+            edges.append(EDGE_COLOUR)
+            centres[(node.name, nic.name)] = (x + NIC_STEP / 2, y + 0.5)
+    ax.add_collection(PolyCollection(boxes, facecolors=faces, edgecolors=edges, linewidths=0.6, zorder=2))
 
-        ax.text(0, -0.3, "GPUs", fontsize=7, va="bottom")
-        if nic_slots:
-            ax.text(nic_x0, -0.55, "NICs by rail", fontsize=7, va="bottom")
-            for k, r in enumerate(rails):
-                ax.text(nic_x0 + k * NIC_STEP + NIC_STEP / 2, -0.05, str(r), fontsize=5.5, ha="center",
-                        va="bottom", color="#444444")
+    ax.text(0, -0.3, "GPUs", fontsize=7, va="bottom")
+    if nic_slots:
+        ax.text(nic_x0, -0.55, "NICs by rail", fontsize=7, va="bottom")
+        for k, r in enumerate(rails):
+            ax.text(nic_x0 + k * NIC_STEP + NIC_STEP / 2, -0.05, str(r), fontsize=5.5, ha="center",
+                    va="bottom", color="#444444")
 
-        y_in = 0.1
-        for line, size, big in titles:
-            fig.text(0.1 / fig_w, 1 - y_in / fig_h, line, fontsize=size, fontweight="bold" if big else "normal",
-                     va="top", ha="left")
-            y_in += 0.2 if big else 0.16
-        fig.legend(handles=[Patch(facecolor=c, edgecolor=EDGE_COLOUR, label=k) for k, c in legend.items()],
-                   loc="upper left", bbox_to_anchor=(0.05 / fig_w, 1 - (y_in + 0.05) / fig_h),
-                   ncol=legend_cols, fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.2,
-                   borderaxespad=0.0)
+    y_in = 0.1
+    for line, size, big in titles:
+        fig.text(0.1 / fig_w, 1 - y_in / fig_h, line, fontsize=size, fontweight="bold" if big else "normal",
+                 va="top", ha="left")
+        y_in += 0.2 if big else 0.16
+    fig.legend(handles=[Patch(facecolor=c, edgecolor=EDGE_COLOUR, label=k) for k, c in legend.items()],
+               loc="upper left", bbox_to_anchor=(0.05 / fig_w, 1 - (y_in + 0.05) / fig_h),
+               ncol=legend_cols, fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.2,
+               borderaxespad=0.0)
 
-        width_px, height_px = (round(v) for v in fig.get_size_inches() * dpi)
-        pixels = {}
-        for key, (cx, cy) in centres.items():
-            px, py = ax.transData.transform((cx, cy))
-            pixels[key] = (float(px), float(height_px - py))
-        fig.savefig(str(path), dpi=dpi, format="png")
-    finally:
-        plt.close(fig)
+    width_px, height_px = (round(v) for v in fig.get_size_inches() * dpi)
+    pixels = {}
+    for key, (cx, cy) in centres.items():
+        px, py = ax.transData.transform((cx, cy))
+        pixels[key] = (float(px), float(height_px - py))
+    fig.savefig(str(path), dpi=dpi, format="png")
     return Picture(path=str(path), width=int(width_px), height=int(height_px), cells=pixels,
                    colours={**{"free": FREE_COLOUR, "tainted": TAINTED_COLOUR}, **ns_colours})
 
