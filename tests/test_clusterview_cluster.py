@@ -196,5 +196,17 @@ def test_inventory_on_enterprise_400(cluster: ClusterHandle, tmp_path: Path) -> 
             {"A100-SXM4-80GB": 128, "H100-SXM5-80GB": 192, "H200-SXM5-141GB": 80}
         assert all(m["largest"] == {"count": 8, "nvlink": 8, "rail_aligned": 8} for m in data["models"])
         assert (tmp_path / "e400.png").stat().st_size > 10_000
+
+        # --watch reports again and again until SIGTERM, then exits 0.
+        watch = subprocess.Popen([sys.executable, "-m", "topodra.cli", "inventory", "--kubeconfig",
+                                  cluster.kubeconfig, "-l", selector, "--watch", "--interval", "0.5"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(6)
+        finally:
+            watch.terminate()
+            out, err = watch.communicate(timeout=30)
+        assert watch.returncode == 0, err
+        assert out.count("Cluster: 400 GPUs") >= 2, out[-2000:]
     finally:
         sim.delete()
