@@ -444,6 +444,22 @@ def cluster_lock(timeout: float) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def lock_held_by_caller() -> Iterator[None]:
+    """For ``--lock-held``: the caller (e.g. ``flock LOCK_FILE sh -c '...'`` around several runs) holds
+    the lock; refuse to run when nobody does, since the cluster's fixed ports would then be shared."""
+    fd = os.open(LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield
+            return
+        raise BenchError(f"--lock-held, but nobody holds {LOCK_FILE}")
+    finally:
+        os.close(fd)
+
+
 class Timeout(Exception):
     pass
 
@@ -994,6 +1010,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="JSON result file (default bench/results/prepare-<UTC time>.json)")
     p.add_argument("--timeout", type=int, default=1200, help="give up (and clean up) after this many seconds")
     p.add_argument("--lock-timeout", type=float, default=1800, help="seconds to wait for the cluster lock")
+    p.add_argument("--lock-held", action="store_true",
+                   help=f"the caller already holds {LOCK_FILE} (several runs in one turn: "
+                        f"flock {LOCK_FILE} sh -c 'bench/prepare --lock-held ...; bench/prepare --lock-held ...')")
     c = p.add_argument_group("side by side with another DRA kubelet plugin")
     c.add_argument("--compare-with", type=Path, metavar="PLUGIN_BINARY",
                    help="run the exclusive-claim scenarios against this kubelet plugin too, in interleaved blocks "
@@ -1032,7 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     failed = True
     try:
-        with cluster_lock(args.lock_timeout):
+        with lock_held_by_caller() if args.lock_held else cluster_lock(args.lock_timeout):
             signal.alarm(args.timeout)
             started = time.time()
             kind = "prepare" if args.compare_with is None else "prepare-compare"

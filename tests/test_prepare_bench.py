@@ -133,3 +133,22 @@ def test_default_run_is_unchanged_and_compare_flags_are_checked(tmp_path: Path) 
         pb.parse_args(["--compare-with", str(not_exec), "--rounds", "0"])
     args = pb.parse_args(["--compare-with", str(not_exec), "--rounds", "4"])
     assert args.compare_with == not_exec.resolve() and args.rounds == 4 and args.compare_args == pb.EXAMPLE_ARGS
+
+
+def test_lock_held_runs_only_while_someone_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+    import os
+
+    lock = tmp_path / "cluster.lock"
+    monkeypatch.setattr(pb, "LOCK_FILE", str(lock))
+    with pytest.raises(pb.BenchError, match="nobody holds"), pb.lock_held_by_caller():
+        pass
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        ran = []
+        with pb.lock_held_by_caller():
+            ran.append(True)
+        assert ran == [True]
+    finally:
+        os.close(fd)
