@@ -30,6 +30,7 @@ from topodra.apipaths import node_path, slices_path
 from topodra.devices import Device
 from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
+from topodra.nodelabels import node_labels
 from topodra.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,9 @@ class Simulation:
         devices = {n.name: discover(n) for n in self.nodes}  # CPU-bound: threads would only contend
         t1 = time.monotonic()
         with ThreadPoolExecutor(API_WORKERS) as pool:
-            list(pool.map(lambda n: ensure_node(self.kube, n.name, n.labels), self.nodes))
+            # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win.
+            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}),
+                          self.nodes))
         for n in self.nodes:
             self.publishers[n.name] = SlicePublisher(self.kube, self.cluster.driver_name, n.name,
                                                      Inventory(devices[n.name]), min_write_interval=0)
