@@ -191,7 +191,7 @@ def test_table_and_json_carry_the_same_numbers() -> None:
     assert re.search(r"^H100-SXM5-80GB\s+3\s+24\s+19\s+3\s+2\s+7/7/5\s+1/3\s", text, re.M), text
     data = json.loads(json.dumps(view.to_dict()))
     assert data["summary"] == {**data["summary"], "total": 24, "free": 19, "allocated": 3, "tainted": 2}
-    assert [n["gpusFree"] for n in data["nodes"]] == [4, 7, 8]
+    assert [n["gpus_free"] for n in data["nodes"]] == [4, 7, 8]
     assert yaml.safe_load(yaml.safe_dump(view.to_dict())) == data
 
 

@@ -150,7 +150,7 @@ def test_inventory_equals_the_raw_objects(cluster: ClusterHandle, scenarios: Cal
         mine = pending[(s.ns, big_claim["metadata"]["name"])]
         assert mine["pod"] == "big" and mine["device_classes"] == ["gpu-h100"]
         assert "cannot allocate all claims" in mine["reason"] and mine["message"] == message
-        assert data["summary"]["pendingByDeviceClass"]["gpu-h100"] >= 1
+        assert data["summary"]["pending_by_device_class"]["gpu-h100"] >= 1
 
         table = inventory(cluster, "-l", f"{RUN_LABEL}={s.run}")
         assert table.returncode == 0, table.stderr

@@ -181,17 +181,17 @@ class ClusterView:
     def to_dict(self) -> Obj:
         """Plain data for ``-o json|yaml``: the dataclasses plus the cluster totals."""
         out = asdict(self)
-        out["mix"] = [{"requestClass": name, "probability": round(p, 4)} for name, p in self.mix]
+        out["mix"] = [{"request_class": name, "probability": round(p, 4)} for name, p in self.mix]
         for row, node in zip(out["nodes"], self.nodes, strict=True):
-            row.update(gpusTotal=len(node.gpus), gpusFree=node.count(FREE), gpusAllocated=node.count(ALLOCATED),
-                       gpusTainted=node.count(TAINTED), taintedDevices=list(node.tainted_devices),
+            row.update(gpus_total=len(node.gpus), gpus_free=node.count(FREE), gpus_allocated=node.count(ALLOCATED),
+                       gpus_tainted=node.count(TAINTED), tainted_devices=list(node.tainted_devices),
                        fragmentation=round(node.fragmentation, 4))
         for m in out["models"]:
             m["fragmentation"] = round(m["fragmentation"], 4)
             m["fragmentation_ratio"] = round(m["fragmentation_ratio"], 4)
         out["summary"] = {"total": self.total, "free": self.free, "allocated": self.allocated,
                           "tainted": self.tainted, "fragmentation": round(self.fragmentation, 4),
-                          "pendingClaims": len(self.pending), "pendingByDeviceClass": self.pending_by_class()}
+                          "pending_claims": len(self.pending), "pending_by_device_class": self.pending_by_class()}
         return out
 
 
