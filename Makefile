@@ -27,7 +27,8 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
-	MYPYPATH=driver:tests:hack:bench $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
+	MYPYPATH=driver:tests:hack:hack/images:bench $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
+		hack/gen_manifests.py hack/images/topodra_image.py hack/images/mkoci.py \
 		bench/prepare_bench.py bench/import_rss.py bench/simulate_bench.py
 
 test: venv bins lint typecheck

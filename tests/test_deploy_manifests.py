@@ -73,7 +73,7 @@ def test_daemonset_matches_the_plugin_code() -> None:
     ds = plugin_ds()
     spec = ds["spec"]["template"]["spec"]
     (c,) = spec["containers"]
-    assert c["command"] == ["topodra", "kubelet-plugin"]
+    assert c["command"] == ["topodra", "--log-level=INFO", "kubelet-plugin"]
     assert c["securityContext"]["privileged"] is True
     env = env_of(c)
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -109,7 +109,7 @@ def test_controller_deployment_args_parse_with_the_controller() -> None:
     dep = controller_deploy()
     assert dep["spec"]["replicas"] == 2
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["command"] == ["topodra", "controller"]
+    assert c["command"] == ["topodra", "--log-level=INFO", "controller"]
     parser = argparse.ArgumentParser()
     controller_main.configure(parser)
     args = parser.parse_args([a.replace("$(POD_NAMESPACE)", NS).replace("$(POD_NAME)", "p") for a in c["args"]])
