@@ -30,6 +30,7 @@ the cluster uses fixed ports, and always tears the cluster down.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -746,9 +747,11 @@ class OtherPlugin:
         self.log_path = log_path
         self.env = {**os.environ, **extra_env}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=self.root, start_new_session=True)
@@ -781,6 +784,14 @@ class OtherPlugin:
     def spec_exists(self, claim_uid: str) -> bool:
         """Transient CDI specs carry the claim UID in their file name (the CDI library's convention)."""
         return any(claim_uid in p.name for p in self.cdi_root.iterdir())
+
+    def ready(self, kube: Kube, timeout: float) -> tuple[str, Path, frozenset[str], float]:
+        """Registered and published: (driver name, DRA socket, pool names, seconds since start)."""
+        driver, socket = self.discover(timeout)
+        if driver == DRIVER:
+            raise BenchError(f"the other plugin registers {DRIVER} too; give it another driver name")
+        pools = wait_published(kube, driver, OTHER_NODE, OTHER_DEVICES, timeout)
+        return driver, socket, pools, time.monotonic() - self.started
 
     def discover(self, timeout: float) -> tuple[str, Path]:
         """Like the kubelet's plugin watcher: GetInfo on a socket in the registry directory, then
@@ -906,17 +917,15 @@ def _compare(args: argparse.Namespace, lc: localcluster.Cluster, kube: Kube, wor
     b = OtherPlugin(args.compare_with, args.compare_args, lc.admin_kubeconfig, workdir / "b",
                     lc.logs / "compare-plugin.log", dict(args.compare_env))
     log(f"other plugin: {shlex.join(b.argv)}")
-    t0 = time.monotonic()
     a.start(wait=False)
     b.start()
     try:
-        other_driver, other_socket = b.discover(90)
-        if other_driver == DRIVER:
-            raise BenchError(f"the other plugin registers {DRIVER} too; give it another driver name")
-        pools = wait_published(kube, other_driver, OTHER_NODE, OTHER_DEVICES, 90)
-        b_ready_s = time.monotonic() - t0
-        a.wait_ready(90)
-        a_ready_s = time.monotonic() - t0  # both from the same start: ready = serving and published
+        # Both start at once; each one's ready time (serving and published) is waited for in its own thread.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            a_wait = pool.submit(a.wait_ready, 90)
+            b_wait = pool.submit(b.ready, kube, 90)
+            other_driver, other_socket, pools, b_ready_s = b_wait.result()
+            a_ready_s = a_wait.result()
         log(f"topodra ready in {a_ready_s:.1f}s; {other_driver} ready in {b_ready_s:.1f}s (socket {other_socket})")
         kube.create(f"{R}/deviceclasses", {
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": OTHER_CLASS},
