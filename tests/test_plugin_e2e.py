@@ -281,14 +281,16 @@ def test_crash_between_started_and_completed_recovers(node_cluster: ClusterHandl
     nc = node_cluster
     ns = nc.namespace("crash")
     plugin.stop()
-    plugin.start(extra_env={"TOPODRA_CRASH_POINT": "after-prepare-started"})
+    plugin.start(extra_env={"TOPODRA_CRASH_POINT": "after-cdi-written"})
     template(nc, ns, "one", 1)
     pod(nc, ns, "p", {"resourceClaimTemplateName": "one"}, "env | sort; sleep 2")
     claim = pod_claim(nc, ns, "p")
     rc = plugin.wait_exit(90)  # the kubelet's prepare call hits the crash point
     assert rc != 0
-    assert "PrepareStarted" in checkpoint_bytes().decode(errors="replace")
-    plugin.start()  # normal restart: rolls the half-done claim back; the kubelet retries prepare
+    # The spec is written, the checkpoint is not: an orphan spec the kubelet got no answer for.
+    assert claim["metadata"]["uid"] not in checkpoint_bytes().decode(errors="replace")
+    assert [s for s in our_specs() if claim["metadata"]["uid"] in s]
+    plugin.start()  # normal restart: removes the orphan spec; the kubelet retries prepare
     wait_phase(nc, ns, "p", "Succeeded", timeout=120)
     env = env_of(nc.kubectl("logs", "-n", ns, "p"))
     assert [env["NVIDIA_VISIBLE_DEVICES"]] == uuids_of(nc, nc.node_name, allocated(claim))

@@ -363,25 +363,18 @@ def test_write_failures_roll_back(env: Env, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(cdi, "write_spec", no_space)
     out = env.prepare(st, [ref])
     assert "cannot write CDI spec" in out[UID1].error and "ns/c" in out[UID1].error
-    assert env.checkpoint().claims == {}
+    assert not (env.state_dir / checkpoint.FILE_NAME).exists()  # nothing was written at all
     assert not spec_path(env, UID1).exists()
     monkeypatch.undo()
 
-    real_save = checkpoint.save
-    saves: list[int] = []
+    def save_fails(path: Path, data: checkpoint.CheckpointData, **kw: Any) -> None:
+        raise OSError(5, "Input/output error")
 
-    def second_save_fails(path: Path, data: checkpoint.CheckpointData, **kw: Any) -> None:
-        saves.append(1)
-        if len(saves) == 2:
-            raise OSError(5, "Input/output error")
-        real_save(path, data, **kw)
-
-    monkeypatch.setattr(checkpoint, "save", second_save_fails)
+    monkeypatch.setattr(checkpoint, "save", save_fails)
     out = env.prepare(st, [ref])
     assert "cannot write checkpoint" in out[UID1].error
-    assert not spec_path(env, UID1).exists()
-    # The PrepareStarted entry on disk is rolled back by the next operation, which then succeeds.
-    assert env.checkpoint().claims[UID1].state == "PrepareStarted"
+    assert not spec_path(env, UID1).exists()  # the spec written before the checkpoint is taken back
+    monkeypatch.undo()
     assert env.prepare(st, [ref])[UID1].error == ""
     assert env.checkpoint().claims[UID1].state == "PrepareCompleted"
 
@@ -409,8 +402,7 @@ def test_observer_follows_prepared_state_and_lock_holds(env: Env) -> None:
     assert rec.counts == [(0, 0)] and [op for op, _ in rec.holds] == ["recover"]
     ref = env.api.add("ns", "c", UID1, [result("gpu-0"), result("gpu-1")])
     env.prepare(st, [ref])
-    # PrepareStarted does not count yet; PrepareCompleted does.
-    assert rec.counts[-2:] == [(0, 0), (1, 2)]
+    assert rec.counts[-1] == (1, 2) and len(rec.counts) == 2  # one checkpoint write per prepare
     st.unprepare([ref])
     assert rec.counts[-1] == (0, 0)
     assert [op for op, _ in rec.holds] == ["recover", "prepare", "unprepare"]
@@ -418,7 +410,7 @@ def test_observer_follows_prepared_state_and_lock_holds(env: Env) -> None:
 
 
 def test_fsyncs_per_call(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checkpoint is the only fsynced file: PrepareStarted (data), PrepareCompleted (data + dir).
+    """The checkpoint is the only fsynced file, once per call: its data, then its directory.
 
     CDI specs are never fsynced (re-created from the checkpoint at start); a batch costs
     the same as one claim.
@@ -435,7 +427,7 @@ def test_fsyncs_per_call(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     one = env.api.add("ns", "one", UID1, [result("gpu-0")])
     env.prepare(st, [one])
     state_dir = str(env.state_dir)
-    assert len(synced) == 3 and all(p.startswith(state_dir) for p in synced), synced
+    assert len(synced) == 2 and all(p.startswith(state_dir) for p in synced), synced
     synced.clear()
     st.unprepare([one])
     assert len(synced) == 2 and all(p.startswith(state_dir) for p in synced), synced
@@ -443,7 +435,7 @@ def test_fsyncs_per_call(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     batch = [env.api.add("ns", "a", UID1, [result("gpu-0")]), env.api.add("ns", "b", UID2, [result("gpu-1")]),
              env.api.add("ns", "c", UID3, [result("nic-0", "nics")])]
     assert all(r.error == "" for r in env.prepare(st, batch).values())
-    assert len(synced) == 3
+    assert len(synced) == 2
     synced.clear()
     st.unprepare(batch)
     assert len(synced) == 2
@@ -498,7 +490,7 @@ def test_calls_queued_behind_the_lock_are_served_together(env: Env, monkeypatch:
     assert all(r.error == "" for a in answers.values() for r in a.values()), answers
     assert [set(answers[k]) for k in range(5)] == [{refs[k].uid} for k in (0, 1, 2, 3, 3)]
     assert answers[3] == answers[4]
-    assert saves == [1, 1, 4, 4]  # call 0: started + completed; calls 1-4 together: started + completed
+    assert saves == [1, 4]  # call 0: one checkpoint write; calls 1-4 together: one write
     assert set(env.checkpoint().claims) == {r.uid for r in refs}
 
 
@@ -626,8 +618,8 @@ def test_corruption_after_start_fails_calls_not_process(env: Env) -> None:
 def test_unknown_crash_point_is_rejected(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="unknown crash point"):
         env.state(crash_point="sometime")
-    monkeypatch.setenv("TOPODRA_CRASH_POINT", "after-prepare-started")
-    assert env.state().crash_point == "after-prepare-started"
+    monkeypatch.setenv("TOPODRA_CRASH_POINT", "after-cdi-written")
+    assert env.state().crash_point == "after-cdi-written"
 
 
 # ---------------------------------------------------------------- real crashes (subprocess)
@@ -660,21 +652,23 @@ def run_child(env: Env, refs: list[ClaimRef], crash_point: str) -> subprocess.Co
                           env=child_env, timeout=120, check=False)
 
 
-@pytest.mark.parametrize("point", ["after-prepare-started", "after-cdi-written"])
+@pytest.mark.parametrize("point", ["prepare-before-write", "after-cdi-written", "after-checkpoint-written"])
 def test_crash_mid_prepare_then_recovery(env: Env, tmp_path: Path, point: str) -> None:
     keep = env.api.add("ns", "keep", UID2, [result("gpu-3")])
     env.prepare(env.state(), [keep])
     refs = [env.api.add("ns", "a", UID1, [result("gpu-0"), result("nic-0", "nics")])]
     proc = run_child(env, refs, point)
     assert proc.returncode == 137, proc.stderr
-    assert env.checkpoint().claims[UID1].state == "PrepareStarted"
-    assert spec_path(env, UID1).exists() == (point == "after-cdi-written")
+    durable = point == "after-checkpoint-written"
+    assert (UID1 in env.checkpoint().claims) == durable
+    assert spec_path(env, UID1).exists() == (point != "prepare-before-write")
 
     st = env.state()
-    assert st.last_recovery.rolled_back == [UID1]
-    assert not spec_path(env, UID1).exists()  # no leaked spec
-    assert set(env.checkpoint().claims) == {UID2}  # the other claim is untouched
-    again = env.prepare(st, refs)
+    # Before the checkpoint write, the spec is an orphan (the kubelet got no answer): removed.
+    assert st.last_recovery.orphans_removed == ([UID1] if point == "after-cdi-written" else [])
+    assert spec_path(env, UID1).exists() == durable  # no leaked spec, no lost one
+    assert set(env.checkpoint().claims) == ({UID1, UID2} if durable else {UID2})  # the other is untouched
+    again = env.prepare(st, refs)  # the kubelet's retry: prepared again, or answered from the checkpoint
 
     clean = Env(tmp_path / "clean", env.api, env.boot)  # the same claim prepared without a crash
     assert again == env.prepare(clean.state(), refs)
@@ -684,14 +678,29 @@ def test_crash_mid_prepare_then_recovery(env: Env, tmp_path: Path, point: str) -
 
 
 def test_crash_without_restart_is_repaired_by_peer_under_lock(env: Env) -> None:
-    """A rolling-upgrade peer that keeps running sees the dead process's PrepareStarted entry."""
+    """A rolling-upgrade peer that keeps running: the dead prepare held nothing, its orphan spec is swept."""
     st = env.state()  # started before the crash: its startup recovery saw nothing
     refs = [env.api.add("ns", "a", UID1, [result("gpu-0")])]
     assert run_child(env, refs, "after-cdi-written").returncode == 137
-    other = env.api.add("ns", "b", UID2, [result("gpu-0")])  # wants the device the dead prepare held
+    other = env.api.add("ns", "b", UID2, [result("gpu-0")])  # wants the device the dead prepare planned
     assert env.prepare(st, [other])[UID2].error == ""
     assert set(env.checkpoint().claims) == {UID2}
-    assert not spec_path(env, UID1).exists()
+    assert spec_path(env, UID1).exists()  # the orphan waits for the periodic cleanup
+    assert st.cleanup([]) == ({}, [UID1])
+    assert not spec_path(env, UID1).exists() and spec_path(env, UID2).exists()
+
+
+def test_started_entry_of_an_older_plugin_is_rolled_back(env: Env) -> None:
+    """PrepareStarted stays in the format (issue 11 writes it before MIG changes): still rolled back."""
+    ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
+    env.prepare(env.state(), [ref])
+    data = env.checkpoint()
+    started = data.claims[UID1].model_copy(update={"state": "PrepareStarted"})
+    checkpoint.save(env.state_dir / checkpoint.FILE_NAME, data.with_claim(started))
+    st = env.state()
+    assert st.last_recovery.rolled_back == [UID1]
+    assert not spec_path(env, UID1).exists() and env.checkpoint().claims == {}
+    assert env.prepare(st, [ref])[UID1].error == ""
 
 
 # ---------------------------------------------------------------- two processes contend for the lock

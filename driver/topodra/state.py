@@ -10,10 +10,14 @@ network.  The rules (see docs/prepare.md):
 * Every operation holds a process lock and ``flock(<state_dir>/serialize.lock)``
   so two plugin processes (rolling upgrade) never interleave, and re-reads the
   checkpoint from disk under it (the peer may have changed it).
-* Prepare writes the claims of one call as ``PrepareStarted`` to the checkpoint,
-  then their CDI specs, then marks them ``PrepareCompleted`` (two checkpoint
-  writes per call, however many claims).  A ``PrepareStarted`` entry seen while
-  holding the lock was left by a crashed process and is rolled back.
+* Prepare writes the CDI specs of one call (not fsynced), then the checkpoint
+  with the claims ``PrepareCompleted`` (one durable write per call, however many
+  claims).  A crash before that write leaves only *orphan specs* (a spec with
+  no checkpoint entry), which the kubelet never saw an answer for; recovery and
+  the periodic ``cleanup`` delete them, and the kubelet's retry writes them again.
+  ``PrepareStarted`` stays in the format for preparations with side effects
+  beyond the spec (MIG, issue 11): such an entry seen while holding the lock was
+  left by a crashed process and is rolled back.
 * Group commit: calls that queue while another holds the lock are served
   together by the next holder, with one checkpoint write sequence for all of
   them, so concurrent pods do not pay one fsync sequence each.
@@ -57,7 +61,16 @@ log = logging.getLogger(__name__)
 DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCK_FILE = "serialize.lock"
 CRASH_POINT_ENV = "TOPODRA_CRASH_POINT"
-CRASH_POINTS = frozenset({"after-prepare-started", "after-cdi-written", "after-unprepare-cdi-removed"})
+# Where TOPODRA_CRASH_POINT makes the process exit as if killed (docs/prepare.md, "Testing hooks").
+CRASH_POINTS = frozenset({
+    "prepare-before-write",          # claims planned under the lock, nothing written yet
+    "prepare-mid-cdi",               # after the first new CDI spec of the batch, before the others
+    "after-cdi-written",             # every new spec written, checkpoint not yet
+    "after-checkpoint-written",      # checkpoint durable, answer not yet sent
+    "after-unprepare-cdi-removed",   # first spec of the batch removed, checkpoint not yet
+    "after-unprepare-checkpoint-written",  # checkpoint durable, answer not yet sent
+    "cleanup-after-unprepare",       # the cleanup loop unprepared stale claims, before its orphan sweep
+})
 CRASH_EXIT_CODE = 137
 
 T = TypeVar("T")
@@ -95,7 +108,8 @@ class RecoveryReport:
     rolled_back: list[str] = field(default_factory=list)
     recreated: list[str] = field(default_factory=list)
     unrecoverable: dict[str, str] = field(default_factory=dict)
-    orphan_specs: list[str] = field(default_factory=list)
+    orphan_specs: list[str] = field(default_factory=list)  # kept: only after a quarantined checkpoint
+    orphans_removed: list[str] = field(default_factory=list)
     quarantined: str | None = None
 
 
@@ -167,6 +181,22 @@ class DeviceState:
         """Unprepare a batch; uid → "" on success (also for unknown claims) or an error."""
         return self._batch("unprepare", claims, lambda c: c, self._unprepare_locked, lambda e: e)
 
+    def checkpointed_claims(self) -> list[ClaimRef]:
+        """The claims in the checkpoint now, read without the lock (the file is replaced atomically)."""
+        data = self._load()
+        return [ClaimRef(namespace=e.namespace, uid=e.uid, name=e.name) for e in data.claims.values()]
+
+    def cleanup(self, stale: Sequence[ClaimRef]) -> tuple[dict[str, str], list[str]]:
+        """Unprepare ``stale`` claims (their ResourceClaim is gone; the caller checked, outside the lock)
+        and delete orphan specs; returns the unprepare answers and the orphan UIDs removed."""
+        answers = self.unprepare(stale)
+        self._maybe_crash("cleanup-after-unprepare")
+        with self._lock, self._node_locked("cleanup"):
+            orphans = self._remove_orphans(self._load())
+        if orphans:
+            log.warning("node %s: removed orphan CDI specs of claims %s", self.node_name, orphans)
+        return answers, orphans
+
     def recover(self, quarantine_corrupt: bool = False) -> RecoveryReport:
         """Make the checkpoint and the CDI directory agree again after a crash, restart or reboot."""
         with self._lock, self._node_locked("recover"):
@@ -228,12 +258,11 @@ class DeviceState:
     def _load(self) -> CheckpointData:
         return checkpoint.load(self.checkpoint_path) or CheckpointData(boot_id=self.boot_id)
 
-    def _save(self, data: CheckpointData, *, final: bool = True) -> None:
-        """Write the checkpoint; ``final=False`` for the PrepareStarted version (see docs/prepare.md)."""
+    def _save(self, data: CheckpointData) -> None:
+        """Write the checkpoint durably: its answer goes to the kubelet next (see docs/prepare.md)."""
         # An unreadable boot ID must not erase the one recorded (reboot detection would be lost).
         boot_id = self.boot_id or data.boot_id
-        checkpoint.save(self.checkpoint_path, data.model_copy(update={"boot_id": boot_id}),
-                        sync="durable" if final else "data")
+        checkpoint.save(self.checkpoint_path, data.model_copy(update={"boot_id": boot_id}), sync="durable")
         self._report(data)
 
     def _maybe_crash(self, point: str) -> None:
@@ -295,29 +324,28 @@ class DeviceState:
                 self._save(data)
             return results
 
-        try:
-            self._save(working, final=False)
-        except OSError as e:
-            for ref, _, _ in fresh:
-                results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
-            return results
-        self._maybe_crash("after-prepare-started")
-
-        completed = working
+        # Specs first (not fsynced), then one durable checkpoint write with the claims completed.
+        # A crash in between leaves only orphan specs of claims the kubelet got no answer for.
+        self._maybe_crash("prepare-before-write")
+        completed = data
         written: list[tuple[ClaimRef, ClaimEntry]] = []
-        for ref, entry, spec in fresh:
+        for n, (ref, entry, spec) in enumerate(fresh):
+            if n == 1:
+                self._maybe_crash("prepare-mid-cdi")
             try:
                 cdi.write_spec(self.cdi_root, self.driver_name, ref.uid, spec)
             except OSError as e:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
-                completed = completed.without_claims({ref.uid})
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write CDI spec: {e}")
                 continue
-            done = entry.model_copy(update={"state": PREPARE_COMPLETED})
-            completed = completed.with_claim(done)
-            written.append((ref, done))
+            completed = completed.with_claim(entry)
+            written.append((ref, entry))
         self._maybe_crash("after-cdi-written")
+        if not written:
+            if rolled_back:
+                self._save(data)
+            return results
 
         try:
             self._save(completed)
@@ -327,6 +355,7 @@ class DeviceState:
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             return results
+        self._maybe_crash("after-checkpoint-written")
         for ref, done in written:  # logged once, by the gRPC layer, outside the lock
             results[ref.uid] = PrepareResult(_to_prepared(done))
         return results
@@ -376,7 +405,8 @@ class DeviceState:
             entry_devices.append(CheckpointDevice(
                 request_names=[a.request] if a.request else [], pool_name=self.pool_name, device_name=a.device,
                 cdi_device_ids=ids, share_id=a.share_id, access=a.access))
-        entry = ClaimEntry(uid=c.ref.uid, namespace=c.ref.namespace, name=c.ref.name, state=PREPARE_STARTED,
+        # Completed at once: the CDI spec is this claim's only side effect (see the module docstring).
+        entry = ClaimEntry(uid=c.ref.uid, namespace=c.ref.namespace, name=c.ref.name, state=PREPARE_COMPLETED,
                            devices=entry_devices)
         return entry, spec
 
@@ -404,7 +434,8 @@ class DeviceState:
             except OSError as e:
                 results[c.uid] = f"claim {c}: cannot remove CDI spec: {e}"
                 continue
-            self._maybe_crash("after-unprepare-cdi-removed")
+            if not removed:
+                self._maybe_crash("after-unprepare-cdi-removed")
             removed.append(entry)
             results[c.uid] = ""
         if removed or rolled_back:
@@ -413,6 +444,8 @@ class DeviceState:
             except OSError as e:
                 for entry in removed:
                     results[entry.uid] = f"claim {entry.ref}: cannot write checkpoint: {e}"
+                return results
+            self._maybe_crash("after-unprepare-checkpoint-written")
         return results  # successes are logged once, by the gRPC layer, outside the lock
 
     # ---- devices ----
@@ -454,8 +487,10 @@ class DeviceState:
             loaded = None
         if loaded is None:
             self._report(CheckpointData())
-            orphans = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name))
-            return RecoveryReport(orphan_specs=orphans, quarantined=quarantined)
+            if quarantined:  # the forgotten claims' pods may still run: their specs stay for the operator
+                orphans = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name))
+                return RecoveryReport(orphan_specs=orphans, quarantined=quarantined)
+            return RecoveryReport(orphans_removed=self._remove_orphans(CheckpointData()))
         rebooted = bool(loaded.boot_id and self.boot_id and loaded.boot_id != self.boot_id)
         data, rolled_back = self._rollback_started(loaded)
         devices = self.inventory.by_name
@@ -474,9 +509,21 @@ class DeviceState:
             self._save(data)
         else:
             self._report(data)
-        orphans = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name) - set(data.claims))
         return RecoveryReport(rebooted=rebooted, rolled_back=rolled_back, recreated=recreated,
-                              unrecoverable=unrecoverable, orphan_specs=orphans, quarantined=quarantined)
+                              unrecoverable=unrecoverable, orphans_removed=self._remove_orphans(data))
+
+    def _remove_orphans(self, data: CheckpointData) -> list[str]:
+        """Delete our specs that have no checkpoint entry (call with the node lock held).
+
+        Under the lock, such a spec was left by a prepare that died before its checkpoint
+        write, so the kubelet never got an answer and no container uses it (a retry writes
+        it again). Only after a quarantined checkpoint do orphans belong to claims in use,
+        and that path keeps them.
+        """
+        removed = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name) - set(data.claims))
+        for uid in removed:
+            cdi.remove_spec(self.cdi_root, self.driver_name, uid)
+        return removed
 
     def _log_recovery(self, r: RecoveryReport) -> None:
         node = self.node_name
@@ -491,6 +538,9 @@ class DeviceState:
             log.warning("node %s: rolled back interrupted prepares of claims %s", node, r.rolled_back)
         for uid, why in r.unrecoverable.items():
             log.error("node %s: claim %s: %s", node, uid, why)
+        if r.orphans_removed:
+            log.warning("node %s: removed CDI specs of claims %s left by a prepare that crashed before its "
+                        "checkpoint write (the kubelet got no answer for them)", node, r.orphans_removed)
         if r.orphan_specs:
             log.warning("node %s: CDI specs for claims %s in %s have no checkpoint entry; left in place "
                         "(remove them once no pod uses those claims)", node, r.orphan_specs, self.cdi_root)
