@@ -227,7 +227,7 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(cluster: ClusterHandl
                 created.append(other)
                 nc.kube.delete(f"{slices_path()}/{other}")
                 return None
-            assert code == 403, (code, body)
+            assert code == 403, (code, body.get("message"))
             return body
         body = wait_for(denied, 60, "the ValidatingAdmissionPolicy to deny another node's slice")
         print(f"\ndenial shown to the plugin writing node {there}'s slice from node {here}:\n  {body['message']}")
