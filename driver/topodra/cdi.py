@@ -84,6 +84,9 @@ def spec_file_name(driver_name: str, claim_uid: str) -> str:
 
 
 def spec_path(cdi_root: Path, driver_name: str, claim_uid: str) -> Path:
+    """The claim's spec file; refuses a UID that could leave ``cdi_root`` (the gRPC layer rejects those first)."""
+    if not claim_uid or "/" in claim_uid or "\0" in claim_uid or claim_uid in (".", ".."):
+        raise ValueError(f"claim UID {claim_uid[:80]!r} cannot name a CDI spec file")
     return cdi_root / spec_file_name(driver_name, claim_uid)
 
 

@@ -8,6 +8,7 @@ values and does local work.  Everything in this module is pure.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,36 @@ class ClaimError(Exception):
     """A claim cannot be prepared; the message names the claim and the reason."""
 
 
+# Kubernetes' own rules for the names the kubelet sends (a namespace is a DNS-1123 label, a claim name a
+# DNS-1123 subdomain); a UID is an apiserver-made UUID, allowed here as any short [A-Za-z0-9._-] word.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+SHOWN_CHARS = 80  # how much of a bad value an error quotes
+
+
+def shown(value: str) -> str:
+    """``value`` quoted for an error message, cut to ``SHOWN_CHARS`` (requests may carry megabytes)."""
+    if len(value) <= SHOWN_CHARS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
+
+
+def ref_problem(namespace: str, uid: str, name: str) -> str | None:
+    """Why a claim reference from the kubelet cannot be a real ResourceClaim (pure); None when it can.
+
+    The UID also names the claim's CDI spec file, so this is what keeps ``/``, ``..`` and NUL out of paths.
+    """
+    problems = []
+    if not _UID.fullmatch(uid) or ".." in uid:
+        problems.append(f"uid {shown(uid)} is not a Kubernetes UID")
+    if not _DNS_LABEL.fullmatch(namespace):
+        problems.append(f"namespace {shown(namespace)} is not a DNS-1123 label")
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        problems.append(f"name {shown(name)} is not a DNS-1123 subdomain")
+    return "; ".join(problems) or None
+
+
 def base_request_name(request: str) -> str:
     """``gpus/h100`` → ``gpus``: pods can reference only main request names."""
     return request.split("/", 1)[0]
@@ -104,3 +135,11 @@ def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str,
         devices.append(AllocatedDevice(request=base_request_name(str(r.get("request", ""))), device=name,
                                        share_id=str(share) if share else None, access=access_of(r)))
     return AllocatedClaim(ref, tuple(devices))
+
+
+def is_stale(ref: ClaimRef, obj: dict[str, Any] | None) -> bool:
+    """True when a prepared claim's ResourceClaim (None: not found) is gone for good: deleted or replaced.
+
+    A UID is never reused, so neither case can come back, and nothing can use the claim any more.
+    """
+    return obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid

@@ -65,10 +65,17 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sysfs_root", "directory that contains the sys/ tree discovery reads (default /)", "DIR"),
     Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
          "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
+    Flag("claim_cleanup_interval", "seconds between passes that unprepare claims whose ResourceClaim was "
+         "deleted or replaced and remove orphan CDI specs; one pass always runs at start; 0 = only then "
+         "(default 300)", "SECONDS"),
     Flag("boot_id_file", "file holding this boot's ID; a change means the node rebooted "
          "(default /proc/sys/kernel/random/boot_id)", "PATH"),
     Flag("quarantine_corrupt_checkpoint", "true: move a corrupt checkpoint aside and start empty "
          "(default false: refuse to start)", "BOOL"),
+    Flag("health_hold_seconds", "a device taint is removed once its signal has not been seen for this long "
+         "(default 300)", "SECONDS"),
+    Flag("health_poll_interval", "seconds between polls of GPU/NVLink/NIC state; NVML events arrive at once "
+         "(default 5)", "SECONDS"),
 )
 
 
@@ -90,8 +97,11 @@ class PluginConfig(BaseModel):
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
     sysfs_root: Path | None = None
     rediscover_interval: float = Field(default=60.0, ge=0)
+    claim_cleanup_interval: float = Field(default=300.0, ge=0)
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     quarantine_corrupt_checkpoint: bool = False
+    health_hold_seconds: float = Field(default=300.0, ge=0)
+    health_poll_interval: float = Field(default=5.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,9 +1,11 @@
 """``topodra kubelet-plugin``: wire discovery, ResourceSlice publishing, prepare state and the servers.
 
-Start order: discover devices into the inventory → prepare state → DRA +
-registration sockets → ResourceSlice publisher → probe/metrics endpoints.  The
-inventory is the one owner of the devices: the state, the device-health board
-and the publisher subscribe to it, and re-discovery only sets it.
+Start order: discover devices into the inventory → prepare state → health
+monitor → DRA + registration sockets → ResourceSlice publisher → probe/metrics
+endpoints.  The inventory is the one owner of the devices: the state, the
+device-health board, the health monitor and the publisher subscribe to it, and
+re-discovery only sets it.  The health monitor owns device health: its taints go
+into the ResourceSlices and its states to the kubelet's health board.
 
 On SIGTERM/SIGINT everything stops in reverse order: sockets are removed so the kubelet deregisters the
 plugin, but ResourceSlices are left alone — a restarting or updated plugin takes
@@ -26,6 +28,8 @@ from topodra.plugin.config import ConfigError, PluginConfig
 
 if TYPE_CHECKING:
     from topodra.devices import Device
+    from topodra.hardware import NvmlBackend
+    from topodra.health.monitor import HealthMonitor
     from topodra.inventory import Inventory
     from topodra.observe import Observer
     from topodra.plugin.device_health import DeviceHealthBoard
@@ -55,22 +59,26 @@ class Plugin:
         self.state: DeviceState | None = None
         self.board: DeviceHealthBoard | None = None
         self.publisher: SlicePublisher | None = None
+        self.monitor: HealthMonitor | None = None
         self._rediscover = threading.Event()
         self._stopping = threading.Event()
 
-    def discover(self) -> list[Device]:
-        """Read --hardware-config and discover devices (mock devices get no host device nodes)."""
+    def backend(self) -> NvmlBackend:
+        """The hardware backend for --hardware and the current --hardware-config."""
         from topodra.hardware import load_backend
 
         cfg = self.cfg
         overrides = cfg.hardware_overrides()
         try:
-            backend = load_backend(cfg.hardware, cfg.node_name,
-                                   sysfs_root=str(cfg.sysfs_root) if cfg.sysfs_root else None,
-                                   overrides=overrides)
+            return load_backend(cfg.hardware, cfg.node_name,
+                                sysfs_root=str(cfg.sysfs_root) if cfg.sysfs_root else None,
+                                overrides=overrides)
         except (ValueError, OSError) as e:
             raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
-        return backend.discover()
+
+    def discover(self) -> list[Device]:
+        """Read --hardware-config and discover devices (mock devices get no host device nodes)."""
+        return self.backend().discover()
 
     def rediscover(self) -> None:
         """Hardware or its config changed (or may have): set the inventory; its subscribers follow."""
@@ -92,11 +100,14 @@ class Plugin:
         cfg = self.cfg
         # Imported here so that config errors are reported before the heavy imports.
         from topodra.apipaths import claim_path
+        from topodra.health.monitor import HealthMonitor
+        from topodra.health.sources import NodeHealthSource
         from topodra.inventory import Inventory
         from topodra.kube import Kube
         from topodra.plugin import metrics
+        from topodra.plugin.cleanup import CleanupLoop
         from topodra.plugin.device_health import DeviceHealthBoard
-        from topodra.plugin.health import ProbeServer
+        from topodra.plugin.health import ProbeServer, all_of, answers
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
 
@@ -115,6 +126,13 @@ class Plugin:
             inventory.subscribe(board.devices_changed)
             self.board = board
 
+            # The monitor reads NVML and sysfs through the same backend discovery builds.
+            hw = self.backend()
+            monitor = HealthMonitor(inventory, lambda devices: NodeHealthSource(hw.nvml, hw.sysfs, devices),
+                                    hold_seconds=cfg.health_hold_seconds, poll_interval=cfg.health_poll_interval)
+            monitor.subscribe(board.health_changed)
+            self.monitor = monitor
+
             def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
                 return kube.get(claim_path(namespace, name))
 
@@ -125,10 +143,18 @@ class Plugin:
             stack.callback(server.stop, STOP_GRACE_SECONDS)
             self.server = server
 
-            publisher = SlicePublisher(kube, cfg.driver_name, cfg.node_name, inventory, observer=observer)
+            cleaner = CleanupLoop(state, get_claim, cfg.claim_cleanup_interval)
+            cleaner.start()  # claims deleted while we were down; API reads happen outside the prepare lock
+            stack.callback(cleaner.stop)
+
+            publisher = SlicePublisher(kube, cfg.driver_name, cfg.node_name, inventory, observer=observer,
+                                       taints=monitor.taints)
+            monitor.subscribe(lambda _snapshot: publisher.refresh())
             publisher.start()
             stack.callback(publisher.stop)
             self.publisher = publisher
+            monitor.start()
+            stack.callback(monitor.stop)
 
             if cfg.metrics_port:
                 try:
@@ -144,7 +170,8 @@ class Plugin:
                     self.metrics_port = httpd.server_port
             if cfg.health_port:
                 try:
-                    probe = ProbeServer(cfg.health_port, server.problem)
+                    probe = ProbeServer(cfg.health_port, all_of(
+                        server.problem, lambda: answers(server.dra_socket, server.registration_socket)))
                 except OSError as e:
                     # Fatal: the exec probes dial this port, and would otherwise ask whoever holds it.
                     raise ConfigError(f"--health-port {cfg.health_port}: {e}; another process holds the port. "

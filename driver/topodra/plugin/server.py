@@ -32,11 +32,14 @@ from typing import Any, Protocol
 import grpc
 
 from topodra.claims import (
+    SHOWN_CHARS,
     ClaimError,
     ClaimRef,
     FetchedClaim,
     UnavailableClaim,
     allocated_claim,
+    ref_problem,
+    shown,
 )
 from topodra.pb.dra.v1 import api_pb2 as dra_v1
 from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
@@ -85,7 +88,12 @@ class CallFailed(Exception):
 
 
 def _claim_label(c: Any) -> str:
-    return f"{c.namespace}/{c.name} uid={c.uid}"
+    """``ns/name uid=...`` for logs, each part cut short (a malformed request may carry megabytes)."""
+    return f"{_cut(c.namespace)}/{_cut(c.name)} uid={_cut(c.uid)}"
+
+
+def _cut(value: str) -> str:
+    return value if len(value) <= SHOWN_CHARS else f"{value[:SHOWN_CHARS]}...({len(value)} chars)"
 
 
 def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]:
@@ -102,15 +110,19 @@ def parse_claims(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]
     for c in claims:
         if not c.uid:
             raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"claim {c.namespace}/{c.name} has no uid; claims need namespace, uid and name")
+                             f"claim {_cut(c.namespace)}/{_cut(c.name)} has no uid; claims need namespace, uid "
+                             "and name")
         if c.uid in seen:
             bad[c.uid] = f"claim {_claim_label(c)} appears more than once in one batch (duplicate); not handled"
             refs = [r for r in refs if r.uid != c.uid]
             continue
         seen.add(c.uid)
         missing = [f for f in ("namespace", "name") if not getattr(c, f)]
+        problem = None if missing else ref_problem(c.namespace, c.uid, c.name)
         if missing:
-            bad[c.uid] = f"claim uid={c.uid} lacks {' and '.join(missing)}"
+            bad[c.uid] = f"claim uid={shown(c.uid)} lacks {' and '.join(missing)}"
+        elif problem:
+            bad[c.uid] = f"claim {shown(c.namespace)}/{shown(c.name)} is malformed: {problem}; not handled"
         else:
             refs.append(ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name))
     return refs, bad
