@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 
 from topodra.apipaths import node_path, slices_path
 from topodra.devices import Device
+from topodra.health.policy import DeviceTaint
 from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
 from topodra.observe import NO_OBSERVER, Observer
@@ -31,8 +33,13 @@ class SlicePublisher:
 
     def __init__(self, kube: Kube, driver_name: str, node_name: str, inventory: Inventory, *,
                  resync_seconds: float = 10.0, min_write_interval: float = 1.0,
-                 max_backoff: float = 60.0, observer: Observer = NO_OBSERVER) -> None:
-        """Publishes ``inventory``'s devices, re-publishing whenever it changes."""
+                 max_backoff: float = 60.0, observer: Observer = NO_OBSERVER,
+                 taints: Callable[[], Mapping[str, Sequence[DeviceTaint]]] | None = None) -> None:
+        """Publishes ``inventory``'s devices (with ``taints()``), re-publishing whenever it changes.
+
+        Whoever changes the taints calls ``refresh()``.
+        """
+        self.taints = taints
         self.kube = kube
         self.driver_name = driver_name
         self.node_name = node_name
@@ -52,6 +59,10 @@ class SlicePublisher:
 
     def _devices_changed(self, devices: tuple[Device, ...]) -> None:
         """``Inventory`` subscriber: the published set is stale, reconcile now."""
+        self.refresh()
+
+    def refresh(self) -> None:
+        """What should be published changed (devices or taints): reconcile now."""
         self._synced.clear()
         self._wake.set()
 
@@ -78,6 +89,7 @@ class SlicePublisher:
         """One pass; returns True if it wrote anything. Raises KubeError on API failure."""
         version, snapshot = self.inventory.snapshot()
         devices = list(snapshot)
+        taints = self.taints() if self.taints is not None else None
         if self._node_uid is None:
             node = self.kube.get(node_path(self.node_name))
             if node is None:
@@ -88,7 +100,8 @@ class SlicePublisher:
         max_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing.values()), default=0)
         if self.generation == 0:
             self.generation = max_gen or 1  # adopt what a previous instance published
-        desired = build_slices(self.driver_name, self.node_name, self._node_uid, devices, self.generation)
+        desired = build_slices(self.driver_name, self.node_name, self._node_uid, devices, self.generation,
+                               taints)
         in_sync = (set(existing) == {d["metadata"]["name"] for d in desired}
                    and all(same_content(existing[d["metadata"]["name"]], d) for d in desired))
         if in_sync:  # same devices and the same generation in every slice of the pool
@@ -99,7 +112,8 @@ class SlicePublisher:
         if wait > 0:
             time.sleep(wait)
         self.generation = max(self.generation, max_gen) + 1
-        desired = build_slices(self.driver_name, self.node_name, self._node_uid, devices, self.generation)
+        desired = build_slices(self.driver_name, self.node_name, self._node_uid, devices, self.generation,
+                               taints)
         missing = [n for n in {d["metadata"]["name"] for d in desired} if n not in existing]
         for d in desired:
             name = d["metadata"]["name"]

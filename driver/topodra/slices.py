@@ -9,10 +9,11 @@ and the total slice count, so the scheduler sees a consistent pool.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from topodra.devices import Device
+from topodra.health.policy import DeviceTaint
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_ADVANCED = 64
@@ -26,12 +27,14 @@ def device_sort_key(d: Device) -> tuple[int, tuple[Any, ...]]:
     return (_KIND_ORDER.get(d.kind, 9), parts)
 
 
-def device_to_api(d: Device) -> dict[str, Any]:
+def device_to_api(d: Device, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
     out: dict[str, Any] = {"name": d.name}
     if d.attributes:
         out["attributes"] = {k: v.to_api() for k, v in sorted(d.attributes.items())}
     if d.capacity:
         out["capacity"] = {k: {"value": v} for k, v in sorted(d.capacity.items())}
+    if taints:
+        out["taints"] = [t.to_api() for t in taints]
     return out
 
 
@@ -40,14 +43,17 @@ def slice_name(node_name: str, driver_name: str, index: int) -> str:
 
 
 def build_slices(driver_name: str, node_name: str, node_uid: str | None,
-                 devices: Sequence[Device], generation: int) -> list[dict[str, Any]]:
-    """The complete desired set of ResourceSlices for one node's pool."""
+                 devices: Sequence[Device], generation: int,
+                 taints: Mapping[str, Sequence[DeviceTaint]] | None = None) -> list[dict[str, Any]]:
+    """The complete desired set of ResourceSlices for one node's pool; ``taints``: device name → its taints."""
+    taints = {n: ts for n, ts in (taints or {}).items() if ts}
     names = [d.name for d in devices]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"duplicate device names in pool {node_name}: {dupes}")
     ordered = sorted(devices, key=device_sort_key)
-    per_slice = MAX_DEVICES_PER_SLICE
+    # The API allows fewer devices per slice once any of them is tainted.
+    per_slice = MAX_DEVICES_PER_SLICE_ADVANCED if any(d.name in taints for d in ordered) else MAX_DEVICES_PER_SLICE
     chunks = [ordered[i:i + per_slice] for i in range(0, len(ordered), per_slice)] or [[]]
     owner = ([{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}]
              if node_uid else [])
@@ -65,7 +71,7 @@ def build_slices(driver_name: str, node_name: str, node_uid: str | None,
                 "driver": driver_name,
                 "nodeName": node_name,
                 "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                "devices": [device_to_api(d) for d in chunk],
+                "devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk],
             },
         })
     return slices

@@ -23,7 +23,7 @@ from topodra.hardware.sysfs import Sysfs
 __all__ = ["DiscoveryConfig", "DiscoveryError", "NvmlBackend", "load_backend"]
 
 # Keys of ``overrides`` that change what mock hardware *is*, rather than how discovery reads it.
-MOCK_ONLY_KEYS = ("hideGpus", "clusterUUID", "cliqueId")
+MOCK_ONLY_KEYS = ("hideGpus", "clusterUUID", "cliqueId", "faultsFile")
 
 
 def load_backend(
@@ -66,8 +66,12 @@ def load_backend(
             clusterUUID=mock_keys.get("clusterUUID", profile.fabric.clusterUUID),
             cliqueId=mock_keys.get("cliqueId", profile.fabric.cliqueId),
         )
+        faults = mock_keys.get("faultsFile")
+        if faults is not None and not isinstance(faults, str):
+            raise ValueError(f"faultsFile must be a path, got {faults!r}")
         config = DiscoveryConfig.model_validate({**profile.discovery, **ov})
         return mock_backend(
-            profile, node_name, config=config, hidden=frozenset(hidden), fabric=fabric, sysfs_root=sysfs_root
+            profile, node_name, config=config, hidden=frozenset(hidden), fabric=fabric, sysfs_root=sysfs_root,
+            faults_file=faults,
         )
     raise ValueError(f"unknown hardware spec {spec!r}: use 'nvml', 'mock:<profile|path>' or 'replay:<path>'")

@@ -7,15 +7,29 @@ sysfs tree and can change the hardware later (e.g. hide a GPU) to exercise
 rediscovery.  ``mock_backend`` builds the real ``NvmlBackend`` on it.  Tests
 may replace any ``nvml*`` function on a ``FakeNvml`` instance, or ``remove``
 one to mimic an older binding.
+
+Faults are injected at run time through a JSON file (``MockFaults``, the mock
+hardware-config key ``faultsFile``) that ``FakeNvml`` re-reads when it changes:
+lost GPUs, NVLink links down, clock-event reasons, and XID/ECC events delivered
+once through NVML event sets.  NIC port faults are plain writes to the sysfs
+tree (``.../ports/1/state``, ``phys_state``), which a tree under ``sysfs_root``
+keeps until the mock hardware itself changes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
 import uuid as uuidlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import pynvml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topodra.hardware.base import DiscoveryConfig
 from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, shared_root
@@ -23,6 +37,7 @@ from topodra.hardware.mockprofile import Fabric, Profile, build_facts, build_tre
 from topodra.hardware.nvml import NvmlBackend
 from topodra.hardware.sysfs import Sysfs
 
+log = logging.getLogger(__name__)
 _ERROR_CODES: dict[str, int] = {
     cls.__name__.removeprefix("NVMLError_"): code
     for code, cls in pynvml.NVMLError._valClassMapping.items()  # the binding's own name table
@@ -44,14 +59,101 @@ class FakeHandle:
     index: int
 
 
-class FakeNvml:
-    """A ``pynvml``-compatible object serving ``NvmlFacts``."""
+GpuRef = int | str  # NVML index, or the GPU's UUID
 
-    def __init__(self, facts: NvmlFacts) -> None:
+
+class GpuFaults(BaseModel):
+    """Faults of one GPU that last while they are in the file (level state)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    lost: bool = False  # every per-GPU call fails with NVML_ERROR_GPU_IS_LOST
+    nvlinksDown: tuple[int, ...] = ()  # nvmlDeviceGetNvLinkState answers DISABLED for these links
+    clocksEventReasons: int = Field(default=0, ge=0)  # nvmlDeviceGetCurrentClocksEventReasons bitmask
+
+
+class FaultEvent(BaseModel):
+    """One NVML event; each is delivered once to every event set registered for it (append, never reorder)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    gpu: GpuRef
+    type: Literal["xid", "sbe", "dbe"]
+    data: int = 0  # the XID code for "xid"
+
+
+class MockFaults(BaseModel):
+    """The fault-injection file: ``{"gpus": {"<index or uuid>": {...}}, "events": [...]}``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    gpus: dict[str, GpuFaults] = Field(default_factory=dict)
+    events: list[FaultEvent] = Field(default_factory=list)
+
+
+_EVENT_BITS = {"sbe": 0x1, "dbe": 0x2, "xid": 0x8}  # nvmlEventType* values
+
+
+@dataclass
+class FakeEventSet:
+    cursor: int
+    registered: dict[int, int] = field(default_factory=dict)  # GPU index -> event type mask
+
+
+@dataclass(frozen=True)
+class FakeEventData:
+    """Shaped like pynvml's c_nvmlEventData_t."""
+
+    device: FakeHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
+
+
+class FakeNvml:
+    """A ``pynvml``-compatible object serving ``NvmlFacts`` (plus injected faults, if a file is given)."""
+
+    def __init__(self, facts: NvmlFacts, faults_file: str | None = None) -> None:
         self.__dict__.update(_SHARED)
         self.facts = facts
         self.init_count = 0
         self.hardware: MockHardware | None = None
+        self.faults_file = faults_file
+        self._faults = MockFaults()
+        self._faults_stamp: tuple[int, int] | None = None
+        self._faults_lock = threading.Lock()
+
+    # -- injected faults --------------------------------------------------------------------------
+
+    def faults(self) -> MockFaults:
+        """The fault file's content, re-read when it changed; a bad file is logged and the last good kept."""
+        if self.faults_file is None:
+            return self._faults
+        with self._faults_lock:
+            try:
+                st = os.stat(self.faults_file)
+            except FileNotFoundError:
+                self._faults, self._faults_stamp = MockFaults(), None
+                return self._faults
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp != self._faults_stamp:
+                try:
+                    with open(self.faults_file, encoding="utf-8") as f:
+                        self._faults = MockFaults.model_validate(json.load(f))
+                except (OSError, ValueError, ValidationError) as e:
+                    log.error("mock faults file %s is unusable, keeping the previous faults: %s", self.faults_file, e)
+                self._faults_stamp = stamp
+            return self._faults
+
+    def _gpu_faults(self, index: int) -> GpuFaults:
+        gpus = self.faults().gpus
+        if not gpus:
+            return GpuFaults()
+        uuid = self.facts.gpus[index].uuid
+        return gpus.get(str(index)) or (gpus.get(uuid) if isinstance(uuid, str) else None) or GpuFaults()
+
+    def _index_of(self, ref: GpuRef) -> int | None:
+        if isinstance(ref, int):
+            return ref if 0 <= ref < len(self.facts.gpus) else None
+        return next((i for i, g in enumerate(self.facts.gpus) if g.uuid == ref), None)
 
     def remove(self, fn_name: str) -> None:
         """Make ``fn_name`` disappear from this instance, as in an older nvidia-ml-py.
@@ -79,6 +181,8 @@ class FakeNvml:
             raise nvml_error("Uninitialized")
         if not isinstance(h, FakeHandle) or not 0 <= h.index < len(self.facts.gpus):
             raise nvml_error("InvalidArgument")
+        if self._gpu_faults(h.index).lost:
+            raise nvml_error("GpuIsLost")
         return self.facts.gpus[h.index]
 
     def _link(self, h: Any, link: int) -> LinkFacts:
@@ -167,7 +271,8 @@ class FakeNvml:
         return int(self._ans(self._gpu(h).numaNodeId))
 
     def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
-        return int(self._ans(self._link(h, link).state))
+        state = int(self._ans(self._link(h, link).state))
+        return 0 if link in self._gpu_faults(h.index).nvlinksDown else state
 
     def nvmlDeviceGetNvLinkVersion(self, h: Any, link: int) -> int:
         return int(self._ans(self._link(h, link).version))
@@ -199,6 +304,56 @@ class FakeNvml:
     def nvmlDeviceGetGpuFabricInfo(self, h: Any, ref: Any) -> int:
         return self._fill_fabric(h, ref, 1)
 
+    # -- health: handles by UUID, clock reasons, events ---------------------------------------------
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle:
+        if self.init_count <= 0:
+            raise nvml_error("Uninitialized")
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        index = self._index_of(text)
+        if index is None:
+            raise nvml_error("NotFound")
+        self._gpu(FakeHandle(index))
+        return FakeHandle(index)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
+        self._gpu(h)
+        return self._gpu_faults(h.index).clocksEventReasons
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
+        self._gpu(h)
+        return sum(_EVENT_BITS.values())
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        if self.init_count <= 0:
+            raise nvml_error("Uninitialized")
+        return FakeEventSet(cursor=len(self.faults().events))  # only events injected from now on
+
+    def nvmlDeviceRegisterEvents(self, h: Any, event_types: int, event_set: FakeEventSet) -> None:
+        self._gpu(h)
+        event_set.registered[h.index] = event_set.registered.get(h.index, 0) | int(event_types)
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
+        event_set.registered.clear()
+
+    def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeout_ms: int) -> FakeEventData:
+        """The next injected event for a registered GPU, waiting up to ``timeout_ms`` (else NVMLError_Timeout)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            events = self.faults().events
+            event_set.cursor = min(event_set.cursor, len(events))
+            while event_set.cursor < len(events):
+                ev = events[event_set.cursor]
+                event_set.cursor += 1
+                index = self._index_of(ev.gpu)
+                bit = _EVENT_BITS[ev.type]
+                if index is not None and event_set.registered.get(index, 0) & bit:
+                    return FakeEventData(FakeHandle(index), bit, ev.data if ev.type == "xid" else 0)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise nvml_error("Timeout")
+            time.sleep(min(0.05, left))
+
 
 class MockHardware:
     """A profile instantiated for one node: NVML answers plus the sysfs tree they sit in.
@@ -209,12 +364,13 @@ class MockHardware:
     """
 
     def __init__(
-        self, profile: Profile, node: str, hidden: frozenset[int], fabric: Fabric, sysfs_root: str | None = None
+        self, profile: Profile, node: str, hidden: frozenset[int], fabric: Fabric, sysfs_root: str | None = None,
+        faults_file: str | None = None,
     ) -> None:
         self.profile, self.node, self.fabric = profile, node, fabric
         self._own_root = sysfs_root
         self._check(hidden)
-        self.nvml = FakeNvml(build_facts(profile, node, hidden, fabric))
+        self.nvml = FakeNvml(build_facts(profile, node, hidden, fabric), faults_file)
         self.nvml.hardware = self
         self.sysfs = Sysfs(self._place(hidden))
 
@@ -227,7 +383,19 @@ class MockHardware:
         tree = build_tree(self.profile, hidden)
         if self._own_root is None:
             return shared_root(tree)
-        tree.materialize(self._own_root)
+        # Re-discovery builds the hardware again: an unchanged tree is left as it is, so faults
+        # written into it (a NIC port going down) last until the test undoes them.
+        digest = hashlib.sha256(tree.model_dump_json().encode()).hexdigest()
+        marker = os.path.join(self._own_root, ".topodra-mock-tree")
+        try:
+            with open(marker, encoding="utf-8") as f:
+                same = f.read() == digest and os.path.isdir(os.path.join(self._own_root, "sys"))
+        except OSError:
+            same = False
+        if not same:
+            tree.materialize(self._own_root)
+            with open(marker, "w", encoding="utf-8") as f:
+                f.write(digest)
         return self._own_root
 
     def hide_gpus(self, slots: frozenset[int] | set[int] | list[int]) -> None:
@@ -246,10 +414,11 @@ def mock_backend(
     hidden: frozenset[int] = frozenset(),
     fabric: Fabric | None = None,
     sysfs_root: str | None = None,
+    faults_file: str | None = None,
 ) -> NvmlBackend:
     """The real backend reading ``profile`` as ``node_name``'s hardware.
 
     Mock GPUs and NICs have no ``/dev`` nodes on this host, so the devices carry none.
     """
-    hw = MockHardware(profile, node_name, hidden, fabric or profile.fabric, sysfs_root)
+    hw = MockHardware(profile, node_name, hidden, fabric or profile.fabric, sysfs_root, faults_file)
     return NvmlBackend(node_name, nvml=hw.nvml, sysfs=hw.sysfs, config=config, host_device_nodes=False)

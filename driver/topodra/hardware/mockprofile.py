@@ -289,6 +289,7 @@ def build_tree(profile: Profile, hidden: frozenset[int]) -> SysfsTree:
         tree.files[f"{ib}/ports/1/rate"] = nic.rate
         tree.files[f"{ib}/ports/1/link_layer"] = nic.linkLayer
         tree.files[f"{ib}/ports/1/state"] = "4: ACTIVE"
+        tree.files[f"{ib}/ports/1/phys_state"] = "5: LinkUp"
         tree.files[f"{ib}/node_guid"] = _guid(profile.name, f"nic/{nic.name}")
         tree.files[f"{ib}/sys_image_guid"] = _guid(profile.name, f"card/{nic.card}")
         tree.links[f"{ib}/device"] = dev

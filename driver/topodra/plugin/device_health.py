@@ -4,7 +4,10 @@
 on the DRA socket.  Every message is the complete device list; the kubelet marks
 devices it has not heard about within the timeout as Unknown, so the snapshot is
 re-sent periodically and immediately whenever health changes.  The board follows
-the device inventory (``DeviceHealthBoard.devices_changed`` is its subscriber).
+the device inventory (``DeviceHealthBoard.devices_changed`` is its subscriber)
+and the health monitor (``DeviceHealthBoard.health_changed``): a device is
+UNHEALTHY exactly while it has a NoSchedule/NoExecute taint, so the kubelet's
+``allocatedResourcesStatus`` and the ResourceSlice taints tell the same story.
 
 The plugin process's own liveness for probes is ``topodra.plugin.health``.
 """
@@ -23,6 +26,7 @@ from typing import Any
 import grpc
 
 from topodra.devices import Device
+from topodra.health.monitor import HealthSnapshot
 from topodra.plugin import metrics
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,26 @@ class DeviceHealthBoard:
             self._devices[name] = DeviceHealth(name, health, message[:MAX_MESSAGE_CHARS], time.time())
             self._version += 1
             self._cond.notify_all()
+
+    def health_changed(self, snapshot: HealthSnapshot) -> None:
+        """``HealthMonitor`` subscriber: every known device's state at once, one wake-up for all streams."""
+        now = time.time()
+        with self._cond:
+            changed = False
+            for name, cur in self._devices.items():
+                st = snapshot.states.get(name)
+                health = Health.UNHEALTHY if st is not None and st.unhealthy else Health.HEALTHY
+                message = (st.message if st is not None else "")[:MAX_MESSAGE_CHARS]
+                if (health, message) == (cur.health, cur.message):
+                    continue
+                if health != cur.health:
+                    log.warning("device health changed pool=%s device=%s health=%s message=%r",
+                                self.pool_name, name, health.name, message)
+                self._devices[name] = DeviceHealth(name, health, message, now)
+                changed = True
+            if changed:
+                self._version += 1
+                self._cond.notify_all()
 
     def snapshot(self) -> tuple[int, list[DeviceHealth]]:
         with self._cond:

@@ -3,6 +3,11 @@
 Served on 127.0.0.1 only. Because a kubelet gRPC probe dials the pod IP, the
 probes are exec probes (``python -m topodra.plugin.health --port N``, ``main``
 below) against it.  (Device health for the kubelet is ``topodra.plugin.device_health``.)
+
+Readiness means "the kubelet could use us now": ``answers`` calls our own
+sockets the way the kubelet does (GetInfo on the registration socket, an empty
+NodePrepareResources on the DRA socket), so a wedged server is NOT_SERVING even
+while its socket files exist.
 """
 
 from __future__ import annotations
@@ -13,11 +18,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from topodra.pb.dra.v1 import api_pb2 as dra_v1
+from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from topodra.pb.grpchealth.v1 import health_pb2, health_pb2_grpc
+from topodra.pb.pluginregistration.v1 import api_pb2 as reg_pb2
+from topodra.pb.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +37,40 @@ PLUGIN_SERVICE = "topodra.kubelet-plugin"
 
 HealthCheck = Callable[[], str | None]
 """Returns None when healthy, else the reason why not."""
+
+
+def answers(dra_socket: Path, registration_socket: Path, timeout: float = 1.0) -> str | None:
+    """None when both sockets answer a kubelet-style call within ``timeout`` s; else what failed.
+
+    The kubelet's own GetInfo deadline is 1 s; NodePrepareResources with no
+    claims touches no state (the Go example driver's health check does the same).
+    """
+    reg_stub: Callable[[grpc.Channel], Any] = reg_grpc.RegistrationStub
+    dra_stub: Callable[[grpc.Channel], Any] = dra_v1_grpc.DRAPluginStub
+    calls: list[tuple[str, Path, Callable[[grpc.Channel], Any]]] = [
+        ("registration GetInfo", registration_socket,
+         lambda ch: reg_stub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)),
+        ("DRA NodePrepareResources", dra_socket,
+         lambda ch: dra_stub(ch).NodePrepareResources(dra_v1.NodePrepareResourcesRequest(), timeout=timeout)),
+    ]
+    for what, path, call in calls:
+        try:
+            with grpc.insecure_channel(f"unix://{path}") as channel:
+                call(channel)
+        except grpc.RpcError as e:
+            return f"{what} on {path} failed: {e.code().name} {e.details()}"
+    return None
+
+
+def all_of(*checks: HealthCheck) -> HealthCheck:
+    """The first problem any of ``checks`` finds, in order (cheap checks first)."""
+    def check() -> str | None:
+        for c in checks:
+            reason = c()
+            if reason:
+                return reason
+        return None
+    return check
 
 
 class ProbeServicer(health_pb2_grpc.HealthServicer):

@@ -1,0 +1,252 @@
+"""What a hardware signal means for a device, and when it stops meaning it (pure; time is passed in).
+
+A source reports ``Observation``s: one-shot events (an XID, an ECC error) or
+level states seen at a poll (GPU lost, NVLink links down, NIC port down, clock
+throttling).  ``classify`` maps each to a ``Condition`` — a device taint with an
+effect — or to nothing (application XIDs such as 13, 31, 43, 45).
+``HealthPolicy`` keeps every condition until ``hold_seconds`` have passed
+without the signal being seen again: a level signal is re-seen at every poll
+while it lasts, so its taint ends ``hold`` after recovery; an event's taint ends
+``hold`` after the last event.  That hysteresis keeps a flapping link from
+flapping the ResourceSlice, and clearing needs no restart.
+
+docs/health.md is the table of signals and effects; keep them in step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+GPU_DOMAIN = "gpu.topodra.io"
+NIC_DOMAIN = "nic.topodra.io"
+XID_KEY = f"{GPU_DOMAIN}/xid"
+ECC_KEY = f"{GPU_DOMAIN}/ecc"
+GPU_LOST_KEY = f"{GPU_DOMAIN}/gpu-lost"
+NVLINK_KEY = f"{GPU_DOMAIN}/nvlink-degraded"
+THROTTLE_KEY = f"{GPU_DOMAIN}/clock-throttled"
+NIC_DOWN_KEY = f"{NIC_DOMAIN}/link-down"
+DEFAULT_HOLD_SECONDS = 300.0
+MAX_TAINTS_PER_DEVICE = 16  # resource.k8s.io/v1 limit
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class Effect(StrEnum):
+    """resource.k8s.io/v1 DeviceTaintEffect."""
+
+    NONE = "None"  # informs only
+    NO_SCHEDULE = "NoSchedule"  # no new allocations
+    NO_EXECUTE = "NoExecute"  # no new allocations, and pods using the device are evicted
+
+
+BLOCKING = frozenset({Effect.NO_SCHEDULE, Effect.NO_EXECUTE})
+
+
+@dataclass(frozen=True)
+class XidRule:
+    effect: Effect | None  # None: an application error, no taint
+    why: str
+
+
+# Sources: NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket (Immediate Action)")
+# and the A100/H100 memory-error-management guide.  RESTART_APP → no taint; RESET_GPU / reboot → NoExecute.
+XID_RULES: Mapping[int, XidRule] = {
+    13: XidRule(None, "graphics engine exception: an application fault"),
+    31: XidRule(None, "GPU memory page fault: an application fault (bad address)"),
+    43: XidRule(None, "GPU stopped processing: the application's channel was reset, the GPU is fine"),
+    45: XidRule(None, "preemptive cleanup after an earlier error: follows the application's exit"),
+    68: XidRule(None, "video decoder (NVDEC) exception: the application's stream"),
+    109: XidRule(None, "context switch timeout: the application's context"),
+    48: XidRule(Effect.NO_EXECUTE, "double-bit ECC error: data in GPU memory is corrupt"),
+    62: XidRule(Effect.NO_EXECUTE, "internal micro-controller halt: GPU reset needed"),
+    63: XidRule(Effect.NONE, "row remapping recorded: applied at the next reset; running and new work is safe"),
+    64: XidRule(Effect.NO_SCHEDULE, "row remapping failed: the GPU is at its repair limit, drain it"),
+    74: XidRule(Effect.NO_EXECUTE, "NVLink error: the link needs a GPU reset; collectives over it fail or hang"),
+    79: XidRule(Effect.NO_EXECUTE, "GPU has fallen off the bus"),
+    92: XidRule(Effect.NO_SCHEDULE, "high single-bit ECC error rate: a failing memory, drain it"),
+    94: XidRule(Effect.NO_SCHEDULE, "contained ECC error: the hit application was stopped, the GPU needs a reset "
+                "to retire the page; other work continues"),
+    95: XidRule(Effect.NO_EXECUTE, "uncontained ECC error: every application on the GPU is affected"),
+    119: XidRule(Effect.NO_EXECUTE, "GSP RPC timeout: the GPU's system processor stopped answering"),
+    120: XidRule(Effect.NO_EXECUTE, "GSP error: the GPU's system processor failed"),
+    140: XidRule(Effect.NO_EXECUTE, "unrecovered ECC error: GPU reset needed"),
+    154: XidRule(Effect.NO_EXECUTE, "GPU recovery action changed: the driver asks for a reset or reboot"),
+}
+UNKNOWN_XID = XidRule(Effect.NO_SCHEDULE, "an XID not in topodra's table: no new work until it has been quiet")
+
+# Clock-event reasons that mean the hardware itself is slowing the GPU (not a power cap or idling).
+HW_THROTTLE_REASONS: Mapping[int, str] = {
+    0x8: "HwSlowdown",
+    0x40: "HwThermalSlowdown",
+    0x80: "HwPowerBrakeSlowdown",
+}
+
+Kind = Literal["xid", "ecc-dbe", "ecc-sbe", "gpu-lost", "nvlink-down", "nic-down", "throttle"]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One signal about one device seen now: an event, or a bad level state at a poll."""
+
+    device: str
+    kind: Kind
+    detail: str = ""  # XID code, down link numbers, port state, throttle reason names
+
+
+@dataclass(frozen=True)
+class Condition:
+    key: str
+    value: str
+    effect: Effect
+    message: str
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A resource.k8s.io/v1 DeviceTaint; ``time_added`` is Unix seconds (whole seconds, as the API keeps)."""
+
+    key: str
+    value: str
+    effect: Effect
+    time_added: int
+
+    def to_api(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": str(self.effect),
+               "timeAdded": datetime.fromtimestamp(self.time_added, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+    @property
+    def text(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+def label_value(text: str) -> str:
+    """``text`` made a valid label value (what a taint value must be)."""
+    return _LABEL_VALUE_BAD.sub("-", text).strip("-_.")[:63].strip("-_.")
+
+
+def classify(obs: Observation) -> Condition | None:
+    """The taint one observation asks for, or None when it must not taint."""
+    if obs.kind == "xid":
+        try:
+            code = int(obs.detail)
+        except ValueError:
+            raise ValueError(f"XID observation on {obs.device} needs a numeric code, got {obs.detail!r}") from None
+        rule = XID_RULES.get(code, UNKNOWN_XID)
+        if rule.effect is None:
+            return None
+        return Condition(XID_KEY, str(code), rule.effect, f"XID {code}: {rule.why}")
+    if obs.kind == "ecc-dbe":
+        return Condition(ECC_KEY, "double-bit", Effect.NO_EXECUTE, "double-bit (uncorrectable) ECC error")
+    if obs.kind == "ecc-sbe":
+        return Condition(ECC_KEY, "single-bit", Effect.NONE, "single-bit ECC error (corrected)")
+    if obs.kind == "gpu-lost":
+        return Condition(GPU_LOST_KEY, "", Effect.NO_EXECUTE, f"GPU is lost (NVML_ERROR_GPU_IS_LOST){_sep(obs)}")
+    if obs.kind == "nvlink-down":
+        return Condition(NVLINK_KEY, "link-down", Effect.NO_SCHEDULE, f"NVLink link(s) down: {obs.detail}")
+    if obs.kind == "nic-down":
+        return Condition(NIC_DOWN_KEY, label_value(obs.detail) or "down", Effect.NO_SCHEDULE,
+                         f"port not active: {obs.detail}")
+    if obs.kind == "throttle":
+        return Condition(THROTTLE_KEY, label_value(obs.detail), Effect.NONE, f"hardware clock slowdown: {obs.detail}")
+    raise ValueError(f"unknown observation kind {obs.kind!r}")
+
+
+def _sep(obs: Observation) -> str:
+    return f": {obs.detail}" if obs.detail else ""
+
+
+@dataclass
+class _Active:
+    condition: Condition
+    first_seen: float
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What the kubelet is told about one device."""
+
+    unhealthy: bool
+    message: str
+
+
+class HealthPolicy:
+    """Conditions per device with hysteresis; not thread-safe (the monitor owns it)."""
+
+    def __init__(self, hold_seconds: float = DEFAULT_HOLD_SECONDS) -> None:
+        if hold_seconds < 0:
+            raise ValueError(f"hold_seconds must be >= 0, got {hold_seconds}")
+        self.hold_seconds = hold_seconds
+        self._active: dict[tuple[str, str, Effect], _Active] = {}
+        self._domains: dict[str, str] = {}  # GPU -> NVLink domain
+
+    def set_domains(self, domains: Mapping[str, str]) -> None:
+        """GPU name → NVLink domain: a GPU with a down link marks its domain's other GPUs as degraded."""
+        self._domains = dict(domains)
+
+    def observe(self, observations: Iterable[Observation], now: float) -> None:
+        for obs in observations:
+            cond = classify(obs)
+            if cond is not None:
+                self._raise(obs.device, cond, now)
+            if obs.kind == "nvlink-down" and obs.device in self._domains:
+                domain = self._domains[obs.device]
+                for peer, d in self._domains.items():
+                    if d == domain and peer != obs.device:
+                        # Informational: single-GPU work on a peer is fine; a job spanning the domain is not.
+                        self._raise(peer, Condition(NVLINK_KEY, "domain", Effect.NONE,
+                                                    f"a GPU of NVLink domain {domain} ({obs.device}) has a link "
+                                                    "down"), now)
+
+    def _raise(self, device: str, cond: Condition, now: float) -> None:
+        slot = (device, cond.key, cond.effect)
+        cur = self._active.get(slot)
+        if cur is None or cur.condition.value != cond.value:
+            self._active[slot] = _Active(cond, now, now)
+        else:
+            cur.last_seen = now
+            cur.condition = cond
+
+    def expire(self, now: float) -> bool:
+        """Drop conditions not seen for ``hold_seconds``; True if any went."""
+        gone = [s for s, a in self._active.items() if now - a.last_seen >= self.hold_seconds]
+        for s in gone:
+            del self._active[s]
+        return bool(gone)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop conditions of devices that no longer exist."""
+        names = set(keep)
+        for s in [s for s in self._active if s[0] not in names]:
+            del self._active[s]
+
+    def taints(self) -> dict[str, tuple[DeviceTaint, ...]]:
+        """Device → its taints (only devices that have some), in a stable order."""
+        out: dict[str, list[DeviceTaint]] = {}
+        for (device, key, effect), a in sorted(self._active.items()):
+            out.setdefault(device, []).append(DeviceTaint(key, a.condition.value, effect, int(a.first_seen)))
+        # The worst effects first, so the API's per-device limit never drops a blocking one.
+        order = {Effect.NO_EXECUTE: 0, Effect.NO_SCHEDULE: 1, Effect.NONE: 2}
+        return {d: tuple(sorted(ts, key=lambda t: (order[t.effect], t.key))[:MAX_TAINTS_PER_DEVICE])
+                for d, ts in out.items()}
+
+    def states(self, devices: Iterable[str]) -> dict[str, DeviceState]:
+        """Per device: unhealthy iff a NoSchedule/NoExecute condition is active; the message lists them all."""
+        by_device: dict[str, list[_Active]] = {}
+        for (device, _, _), a in sorted(self._active.items()):
+            by_device.setdefault(device, []).append(a)
+        out = {}
+        for d in devices:
+            active = by_device.get(d, [])
+            unhealthy = any(a.condition.effect in BLOCKING for a in active)
+            out[d] = DeviceState(unhealthy, "; ".join(
+                f"{a.condition.message} [{a.condition.effect}]" for a in active))
+        return out

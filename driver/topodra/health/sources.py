@@ -1,0 +1,276 @@
+"""Reading health signals: NVML events and state, NVLink links, RDMA port state in sysfs.
+
+``NodeHealthSource`` works on whatever ``pynvml``-shaped object and ``Sysfs``
+discovery uses — the real module on a GPU host, ``FakeNvml`` and a generated
+tree for mock hardware — so the same code reads real and injected faults.
+Devices are identified the way discovery published them: a GPU by its ``uuid``
+attribute, a NIC by ``rdmaDevice``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from topodra.devices import Device
+from topodra.hardware.sysfs import Sysfs
+from topodra.health.policy import HW_THROTTLE_REASONS, Observation
+
+log = logging.getLogger(__name__)
+
+# nvmlEventType* bits (same numbers in every binding): single-bit ECC, double-bit ECC, XID.
+EVENT_SBE, EVENT_DBE, EVENT_XID = 0x1, 0x2, 0x8
+MAX_EVENTS_PER_WAIT = 256  # a storm is drained in bounded batches
+
+
+@dataclass
+class GpuTarget:
+    name: str
+    uuid: str
+    nvlink_domain: str | None
+    handle: Any = None
+    links_seen_up: set[int] = field(default_factory=set)  # links ever active: only those can go "down"
+
+
+@dataclass(frozen=True)
+class NicTarget:
+    name: str
+    rdma: str
+
+
+def targets(devices: Iterable[Device]) -> tuple[list[GpuTarget], list[NicTarget]]:
+    gpus: list[GpuTarget] = []
+    nics: list[NicTarget] = []
+    for d in devices:
+        attrs = {k: v.value for k, v in d.attributes.items()}
+        if d.kind == "gpu" and isinstance(attrs.get("uuid"), str):
+            domain = attrs.get("nvlinkDomain")
+            gpus.append(GpuTarget(d.name, str(attrs["uuid"]), str(domain) if domain else None))
+        elif d.kind == "nic" and isinstance(attrs.get("rdmaDevice"), str):
+            nics.append(NicTarget(d.name, str(attrs["rdmaDevice"])))
+    return gpus, nics
+
+
+def nvlink_domains(devices: Iterable[Device]) -> dict[str, str]:
+    """GPU name → NVLink domain id, for GPUs in one."""
+    out = {}
+    for d in devices:
+        v = d.attributes.get("nvlinkDomain")
+        if d.kind == "gpu" and v is not None:
+            out[d.name] = str(v.value)
+    return out
+
+
+def _handle_key(h: Any) -> Any:
+    """A hashable identity of an NVML device handle (a ctypes pointer in the real binding)."""
+    if isinstance(h, ctypes._Pointer):
+        return ctypes.cast(h, ctypes.c_void_p).value
+    return h
+
+
+class NodeHealthSource:
+    """One node's signals; ``open()`` once, then ``wait_events`` and ``poll`` from one thread."""
+
+    def __init__(self, nvml: Any, sysfs: Sysfs, devices: Iterable[Device]) -> None:
+        self.nvml = nvml
+        self.sysfs = sysfs
+        self.gpus, self.nics = targets(devices)
+        self._event_set: Any = None
+        self._by_handle: dict[Any, str] = {}
+        self._initialized = False
+
+    # -- NVML helpers
+
+    def _is(self, err: BaseException, *names: str) -> bool:
+        classes = (getattr(self.nvml, "NVMLError_" + n, None) for n in names)
+        return any(isinstance(err, c) for c in classes if c is not None)
+
+    def _lost(self, err: BaseException) -> bool:
+        return self._is(err, "GpuIsLost")
+
+    def open(self) -> None:
+        """Initialise NVML and register for XID and ECC events on every GPU that supports them."""
+        if not self.gpus:
+            return
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as e:
+            log.error("health: NVML initialisation failed, GPU health is not watched: %s", e)
+            return
+        self._initialized = True
+        try:
+            self._event_set = self.nvml.nvmlEventSetCreate()
+        except (self.nvml.NVMLError, AttributeError) as e:
+            log.warning("health: NVML event sets unavailable (%s); XID/ECC events are not watched", e)
+        for g in self.gpus:
+            self._resolve(g)
+
+    def _resolve(self, g: GpuTarget) -> bool:
+        """Get the GPU's handle and register its events; False while it cannot be reached."""
+        if g.handle is not None:
+            return True
+        try:
+            g.handle = self.nvml.nvmlDeviceGetHandleByUUID(g.uuid)
+        except self.nvml.NVMLError as e:
+            if not self._lost(e):
+                log.warning("health: %s (%s) has no NVML handle: %s", g.name, g.uuid, e)
+            return False
+        self._by_handle[_handle_key(g.handle)] = g.name
+        if self._event_set is not None:
+            wanted = EVENT_XID | EVENT_SBE | EVENT_DBE
+            try:
+                supported = int(self.nvml.nvmlDeviceGetSupportedEventTypes(g.handle))
+                wanted &= supported
+            except (self.nvml.NVMLError, AttributeError):
+                pass
+            try:
+                if wanted:
+                    self.nvml.nvmlDeviceRegisterEvents(g.handle, wanted, self._event_set)
+            except self.nvml.NVMLError as e:
+                log.warning("health: %s: cannot register NVML events (%s); only polled signals", g.name, e)
+        return True
+
+    def close(self) -> None:
+        if self._event_set is not None:
+            with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+                self.nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        if self._initialized:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+            self._initialized = False
+
+    # -- events
+
+    def wait_events(self, timeout: float) -> list[Observation]:
+        """Events that arrive within ``timeout`` seconds (returns as soon as some did), then any queued ones."""
+        if self._event_set is None:
+            return []
+        out: list[Observation] = []
+        wait_ms = max(0, int(timeout * 1000))
+        while len(out) < MAX_EVENTS_PER_WAIT:
+            try:
+                ev = self.nvml.nvmlEventSetWait_v2(self._event_set, wait_ms)
+            except self.nvml.NVMLError as e:
+                if not self._is(e, "Timeout"):
+                    # GPU lost and friends: the next poll reports them; do not spin on the error.
+                    log.debug("health: NVML event wait: %s", e)
+                break
+            wait_ms = 0
+            obs = self._event(ev)
+            if obs is not None:
+                out.append(obs)
+        return out
+
+    def _event(self, ev: Any) -> Observation | None:
+        name = self._by_handle.get(_handle_key(ev.device))
+        if name is None:
+            return None
+        kind = int(ev.eventType)
+        if kind & EVENT_XID:
+            return Observation(name, "xid", str(int(ev.eventData)))
+        if kind & EVENT_DBE:
+            return Observation(name, "ecc-dbe")
+        if kind & EVENT_SBE:
+            return Observation(name, "ecc-sbe")
+        return None
+
+    # -- polled state
+
+    def poll(self) -> list[Observation]:
+        out: list[Observation] = []
+        for g in self.gpus:
+            if self._initialized:
+                out.extend(self._poll_gpu(g))
+        for n in self.nics:
+            out.extend(self._poll_nic(n))
+        return out
+
+    def _poll_gpu(self, g: GpuTarget) -> list[Observation]:
+        if not self._resolve(g):
+            return [Observation(g.name, "gpu-lost", "no NVML handle")] if self._gone(g) else []
+        out: list[Observation] = []
+        try:
+            reasons = self._throttle_reasons(g.handle)
+        except self.nvml.NVMLError as e:
+            if self._lost(e):
+                return [Observation(g.name, "gpu-lost")]
+            reasons = None
+        if reasons:
+            names = [n for bit, n in sorted(HW_THROTTLE_REASONS.items()) if reasons & bit]
+            if names:
+                out.append(Observation(g.name, "throttle", ".".join(names)))
+        if g.nvlink_domain is not None:
+            down = self._links_down(g)
+            if down is None:
+                return [Observation(g.name, "gpu-lost")]
+            if down:
+                out.append(Observation(g.name, "nvlink-down", ",".join(map(str, down))))
+        return out
+
+    def _gone(self, g: GpuTarget) -> bool:
+        """True when NVML says the GPU is lost (not merely unknown to it)."""
+        try:
+            self.nvml.nvmlDeviceGetHandleByUUID(g.uuid)
+        except self.nvml.NVMLError as e:
+            return self._lost(e)
+        return False
+
+    def _throttle_reasons(self, h: Any) -> int | None:
+        for fn_name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(self.nvml, fn_name, None)
+            if fn is None:
+                continue
+            try:
+                return int(fn(h))
+            except self.nvml.NVMLError as e:
+                if self._is(e, "NotSupported", "FunctionNotFound"):
+                    continue
+                raise
+        return None
+
+    def _links_down(self, g: GpuTarget) -> list[int] | None:
+        """Links seen active before that are not active now; None when the GPU is lost."""
+        enabled = int(getattr(self.nvml, "NVML_FEATURE_ENABLED", 1))
+        down: list[int] = []
+        for link in range(int(getattr(self.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = int(self.nvml.nvmlDeviceGetNvLinkState(g.handle, link))
+            except self.nvml.NVMLError as e:
+                if self._lost(e):
+                    return None
+                if self._is(e, "InvalidArgument"):
+                    break
+                continue
+            if state == enabled:
+                g.links_seen_up.add(link)
+            elif link in g.links_seen_up:
+                down.append(link)
+        return down
+
+    def _poll_nic(self, n: NicTarget) -> list[Observation]:
+        ports_dir = self.sysfs.path(f"sys/class/infiniband/{n.rdma}/ports")
+        try:
+            ports = sorted(os.listdir(ports_dir), key=lambda p: (len(p), p))
+        except OSError:
+            return [Observation(n.name, "nic-down", "absent")]
+        bad = []
+        for p in ports:
+            state = self.sysfs.read(os.path.join(ports_dir, p, "state"))
+            phys = self.sysfs.read(os.path.join(ports_dir, p, "phys_state"))
+            state_ok = state is not None and _port_word(state) in ("ACTIVE", "ACTIVE_DEFER")
+            phys_ok = phys is None or _port_word(phys) == "LINKUP"
+            if not (state_ok and phys_ok):
+                words = [_port_word(x) for x in (state, phys) if x is not None] or ["unknown"]
+                bad.append(f"port{p}-{'-'.join(words)}")
+        return [Observation(n.name, "nic-down", ",".join(bad))] if bad else []
+
+
+def _port_word(text: str) -> str:
+    """ "4: ACTIVE" -> "ACTIVE"; "5: LinkUp" -> "LINKUP" (sysfs gives "<number>: <name>")."""
+    return text.partition(":")[2].strip().replace(" ", "").upper() or text.strip().upper()
