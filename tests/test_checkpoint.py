@@ -148,3 +148,63 @@ def test_save_fsyncs_data_always_and_the_directory_when_durable(tmp_path: Path,
     with pytest.raises(ValueError, match="never written without fsync"):
         checkpoint.save(path, checkpoint.CheckpointData(boot_id="d"), sync="none")
     assert checkpoint.load(path) == checkpoint.CheckpointData(boot_id="c")
+
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "checkpoint-v1.json"
+
+
+def test_v1_file_written_by_the_old_code_loads_and_serves(tmp_path: Path) -> None:
+    """tests/fixtures/checkpoint-v1.json was written by the prepare code before the one-write change."""
+    from topodra.devices import Device, string_attr
+    from topodra.inventory import Inventory
+    from topodra.state import DeviceState
+
+    data = checkpoint.decode(FIXTURE_V1.read_bytes(), FIXTURE_V1)
+    assert data.boot_id == "3f1c2a9e-5b7d-4e21-9c0a-7d3e8f1b2c4d"
+    assert {e.name: [d.access for d in e.devices] for e in data.claims.values()} == {
+        "train": ["exclusive", "exclusive"], "infer": ["shared"], "watch": ["admin"]}
+    # An upgraded plugin starts on it (node rebooted: new boot ID, empty CDI dir) and re-creates every spec.
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / checkpoint.FILE_NAME).write_bytes(FIXTURE_V1.read_bytes())
+    boot = tmp_path / "boot"
+    boot.write_text("00000000-0000-4000-8000-000000000000\n")
+    devs = [Device(name=f"gpu-{n}", kind="gpu", attributes={"model": string_attr("H100-SXM5-80GB")},
+                   uuid=f"GPU-{n:08d}-1111-2222-3333-444444444444") for n in range(4)]
+    devs += [Device(name=f"nic-{n}", kind="nic", uuid=f"mlx5_{n}") for n in range(2)]
+    st = DeviceState("gpu.topodra.io", "node-a", Inventory(devs), tmp_path / "cdi", state_dir,
+                     boot_id_path=str(boot), nvidia_spec_dirs=[])
+    assert st.last_recovery.rebooted and sorted(st.last_recovery.recreated) == sorted(data.claims)
+    assert not st.last_recovery.unrecoverable
+    assert checkpoint.load(state_dir / checkpoint.FILE_NAME).claims == data.claims  # type: ignore[union-attr]
+    refs = st.checkpointed_claims()
+    assert all(err == "" for err in st.unprepare(refs).values()) and st.checkpointed_claims() == []
+    assert list((tmp_path / "cdi").iterdir()) == []
+
+
+def test_migration_chain_upgrades_an_older_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a format change takes: a v1 file read by a v2 reader through MIGRATIONS[1], then saved as v2."""
+    def v1_to_v2(payload: dict[str, object]) -> dict[str, object]:
+        return {**payload, "boot_id": f"migrated:{payload['boot_id']}"}
+
+    monkeypatch.setattr(checkpoint, "VERSION", 2)
+    with pytest.raises(CheckpointCorrupt, match="reads versions 1 to 2"):  # no migration registered yet
+        checkpoint.decode(FIXTURE_V1.read_bytes(), FIXTURE_V1)
+    monkeypatch.setitem(checkpoint.MIGRATIONS, 1, v1_to_v2)
+    data = checkpoint.decode(FIXTURE_V1.read_bytes(), FIXTURE_V1)
+    assert data.boot_id == "migrated:3f1c2a9e-5b7d-4e21-9c0a-7d3e8f1b2c4d" and len(data.claims) == 3
+    path = tmp_path / checkpoint.FILE_NAME
+    checkpoint.save(path, data)
+    assert json.loads(path.read_text())["version"] == 2
+    assert checkpoint.load(path) == data  # a v2 file is read without migration
+    tampered = FIXTURE_V1.read_bytes().replace(b"train", b"trail")
+    with pytest.raises(CheckpointCorrupt, match="checksum"):  # checked before migrating
+        checkpoint.decode(tampered, FIXTURE_V1)
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", True, None])
+def test_versions_outside_the_readable_range_are_refused(version: object) -> None:
+    doc = json.loads(FIXTURE_V1.read_text())
+    doc["version"] = version
+    with pytest.raises(CheckpointCorrupt, match="unknown version"):
+        checkpoint.decode(json.dumps(doc).encode(), FIXTURE_V1)

@@ -7,6 +7,10 @@ checksummed and replaced atomically; it records the boot ID so a reboot (which
 wipes the tmpfs CDI directory) is detected.  A corrupt file is never silently
 discarded: losing it would leak devices and break unprepare.
 
+Older versions are read through ``MIGRATIONS`` (a chain of pure payload
+upgrades, checked against the file's checksum first); the next write stores the
+current version.
+
 On-disk shape (``version`` 1)::
 
     {"version": 1, "checksum": "<sha256 hex of canonical JSON of payload>",
@@ -24,6 +28,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -35,6 +40,21 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 FILE_NAME = "checkpoint.json"
+OLDEST_READABLE = 1
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+# version N → the function that turns a verified version-N payload into a version-(N+1) payload (pure).
+# Changing the format: bump VERSION, add MIGRATIONS[old] here, keep tests/fixtures/checkpoint-v<old>.json
+# (a file the old code wrote) loading in tests/test_checkpoint.py.  The file is rewritten in the new
+# version at the next write; a downgrade then refuses the newer file (see ``decode``).
+MIGRATIONS: dict[int, Migration] = {}
+
+
+def migrate(version: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload of ``version`` brought up to ``VERSION`` through every migration in turn (pure)."""
+    for v in range(version, VERSION):
+        payload = MIGRATIONS[v](payload)
+    return payload
 
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
@@ -126,11 +146,12 @@ def decode(raw: bytes, path: Path) -> CheckpointData:
         raise CheckpointCorrupt(path, f"not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise CheckpointCorrupt(path, "top level is not a JSON object")
-    version = doc.get("version")
-    if version != VERSION:
+    raw_version = doc.get("version")
+    version = raw_version if isinstance(raw_version, int) and not isinstance(raw_version, bool) else -1
+    if not OLDEST_READABLE <= version <= VERSION or any(v not in MIGRATIONS for v in range(version, VERSION)):
         raise CheckpointCorrupt(
-            path, f"unknown version {version!r} (this topodra reads version {VERSION}; a newer "
-                  "topodra may have written it, and downgrades are not supported)")
+            path, f"unknown version {raw_version!r} (this topodra reads versions {OLDEST_READABLE} to {VERSION}; a "
+                  "newer topodra may have written it, and downgrades are not supported)")
     payload = doc.get("payload")
     want = doc.get("checksum")
     if not isinstance(want, str) or payload is None:
@@ -138,8 +159,10 @@ def decode(raw: bytes, path: Path) -> CheckpointData:
     got = checksum(payload)
     if got != want:
         raise CheckpointCorrupt(path, f"checksum mismatch (file says {want[:12]}…, content is {got[:12]}…)")
+    if not isinstance(payload, dict):
+        raise CheckpointCorrupt(path, "payload is not a JSON object")
     try:
-        data = CheckpointData.model_validate(payload)
+        data = CheckpointData.model_validate(migrate(version, payload))
     except ValidationError as e:
         raise CheckpointCorrupt(path, f"payload does not match the version {VERSION} schema: {e}") from None
     for uid, entry in data.claims.items():

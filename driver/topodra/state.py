@@ -442,8 +442,11 @@ class DeviceState:
             try:
                 self._save(data.without_claims({e.uid for e in removed}))
             except OSError as e:
-                for entry in removed:
+                devices = self.inventory.by_name
+                for entry in removed:  # still prepared: put its spec back, so the two agree until the retry
                     results[entry.uid] = f"claim {entry.ref}: cannot write checkpoint: {e}"
+                    with contextlib.suppress(OSError, ClaimError, cdi.CDISpecInvalid):
+                        cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
                 return results
             self._maybe_crash("after-unprepare-checkpoint-written")
         return results  # successes are logged once, by the gRPC layer, outside the lock
