@@ -233,12 +233,13 @@ class Env:
             if self.scorer.poll() is not None:
                 raise BenchError(f"topodra placement-scorer exited ({self.scorer.returncode}); "
                                  f"log: {localcluster.tail(self.logs / 'placement-scorer.log')}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/metrics", timeout=2) as r:
+            # /readyz answers 200 once the scorer's list+watch caches are synced
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
                 if r.status == 200:
                     break
             time.sleep(0.3)
         else:
-            raise BenchError("topodra placement-scorer did not serve /metrics within 60 s")
+            raise BenchError("topodra placement-scorer not ready (/readyz) within 60 s")
         self.scorer_metrics_url = f"{url}/metrics"
         return url
 
@@ -295,7 +296,25 @@ def publish(kube: Kube, cluster: SimulatedCluster) -> tuple[Simulation, dict[str
     if written != len(sim.nodes):
         raise BenchError(f"only {written} of {len(sim.nodes)} pools published")
     log(f"{len(sim.nodes)} nodes published in {time.monotonic() - t0:.1f}s")
+    wait_untainted(kube, [n.name for n in sim.nodes])
     return sim, {n.name: n.labels.get(pm.SU_LABEL, "none") for n in sim.nodes}
+
+
+def wait_untainted(kube: Kube, names: Sequence[str], timeout: float = 600) -> None:
+    """New nodes carry ``node.kubernetes.io/not-ready`` until kube-controller-manager's node
+    lifecycle controller sees them Ready and removes it, a few nodes at a time; a replay started
+    before that would find part of the cluster unusable."""
+    t0 = time.monotonic()
+    wanted = set(names)
+    while True:
+        tainted = sorted(n["metadata"]["name"] for n in kube.list(f"{CORE}/nodes")
+                         if n["metadata"]["name"] in wanted and (n.get("spec") or {}).get("taints"))
+        if not tainted:
+            log(f"all {len(wanted)} nodes untainted after {time.monotonic() - t0:.0f}s")
+            return
+        if time.monotonic() - t0 > timeout:
+            raise BenchError(f"{len(tainted)} nodes still tainted after {timeout:.0f}s: {tainted[:5]}")
+        time.sleep(1)
 
 
 def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.Inventory:
@@ -322,6 +341,7 @@ class RunResult:
     waits: dict[str, list[float]]
     gpus: int
     phases_s: dict[str, float]
+    missed: list[dict[str, Any]]  # waiting jobs that fit somewhere by the model (see Replay.missed)
 
 
 def wait_for(fn: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -353,6 +373,8 @@ class Replay:
         self.snaps: list[pm.Snapshot] = []
         self.new_pods: set[str] = set()
         self.phases: dict[str, float] = {}
+        self.pending_reason: dict[str, str] = {}
+        self.missed_log: list[dict[str, Any]] = []
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -455,7 +477,27 @@ class Replay:
             p = pm.placement_from(pod, claims.get(cname or ""))
             if p is not None:
                 out[pod["metadata"]["name"]] = p
+            else:
+                cond = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+                self.pending_reason[pod["metadata"]["name"]] = (cond[0].get("message") or cond[0].get("reason", "")
+                                                                if cond else "no PodScheduled condition")
         return out, used
+
+    def missed(self, used: set[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Waiting single-pod jobs that fit on some node by the model (free GPUs of a type they
+        accept): the scheduler did not retry them after the event that made room, or CPU/memory or
+        something else the model ignores blocks them. Reported, not hidden."""
+        free = pm.free_by_node(self.env.inv, used)
+        out = []
+        for job in self.clock.waiting():
+            if job.pods != 1:
+                continue
+            models = pm.acceptable_models(job, self.policy, self.env.inv)
+            if any(n >= job.per_pod and self.env.inv.node_model(node) in models for node, n in free.items()):
+                name = job.pod_names()[0]
+                out.append({"t": self.clock.now, "job": job.id, "pod": name,
+                            "reason": self.pending_reason.get(name, "")[:300]})
+        return out
 
     def execute(self) -> RunResult:
         t_start = time.monotonic()
@@ -492,6 +534,7 @@ class Replay:
                 ps = [placements.get(n) for n in job.pod_names()]
                 if all(p is not None for p in ps):
                     self.clock.started(job.id, [p for p in ps if p is not None])
+            self.missed_log += self.missed(used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
             self.snaps.append(snap)
             if snap.used > peak[0] and self.clock.now <= self.clock.last_arrival:
@@ -524,7 +567,7 @@ class Replay:
             series=[{"t": s.t, "used": s.used, "stranded": s.stranded, "fgd": round(s.fgd, 3),
                      "goodput": round(s.goodput, 3), "waiting": s.waiting} for s in self.snaps],
             peak_free_per_node=peak[1], waits=waits, gpus=self.env.inv.total(),
-            phases_s={k: round(v, 2) for k, v in self.phases.items()})
+            phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log)
 
     @staticmethod
     def _scheduler_delta(m0: Mapping[str, Any], m1: Mapping[str, Any], wall: float) -> dict[str, float]:
@@ -571,6 +614,38 @@ def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Non
         print(f"{row:24s}" + "".join(cells))
 
 
+TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model)", 3),
+              ("stranded_gpus", "stranded GPUs (mean)", 1), ("fgd_fragmentation", "FGD fragmentation", 3),
+              ("wait_p50_s.8", "8-GPU wait p50 (s)", 0), ("wait_p95_s.8", "8-GPU wait p95 (s)", 0),
+              ("wait_p95_s.16", "16-GPU wait p95 (s)", 0), ("wait_p95_s.4", "4-GPU wait p95 (s)", 0),
+              ("wait_p95_s.1", "1-GPU wait p95 (s)", 0), ("type_violations", "type violations (jobs)", 1),
+              ("choice.1", "got 1st choice (jobs)", 1), ("choice.2", "got 2nd choice", 1),
+              ("choice.3", "got 3rd choice", 1), ("nvlink_locality", "NVLink locality", 3),
+              ("rail_alignment", "rail alignment (16-GPU)", 3),
+              ("scheduler_pods_per_s", "scheduler pods/s (attempt time)", 1),
+              ("scorer_p50_ms", "prioritize p50 (ms)", 2), ("scorer_p99_ms", "prioritize p99 (ms)", 2)]
+
+
+def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """The summary as a Markdown table: mean [95% interval] per policy."""
+    policies = sorted(summary)
+    n = {p: int(max((iv.get("n", 0) for iv in summary[p].values()), default=0)) for p in policies}
+    lines = ["| metric | " + " | ".join(f"({p}) n={n[p]}" for p in policies) + " |",
+             "| --- |" + " --- |" * len(policies)]
+    for key, label, digits in TABLE_ROWS:
+        cells = []
+        for p in policies:
+            iv = summary[p].get(key)
+            if not iv or math.isnan(iv["mean"]):
+                cells.append("-")
+            elif math.isnan(iv["lo"]):
+                cells.append(f"{iv['mean']:.{digits}f}")
+            else:
+                cells.append(f"{iv['mean']:.{digits}f} [{iv['lo']:.{digits}f}, {iv['hi']:.{digits}f}]")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -578,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed0", type=int, default=1)
+    p.add_argument("--seed-list", help="comma-separated seeds (instead of --seed0/--seeds), e.g. to complete a matrix")
     p.add_argument("--jobs", type=int, default=500, help="jobs per run (events = 2 x jobs at most)")
     p.add_argument("--load", type=float, default=1.0, help="offered load")
     p.add_argument("--burst-load", type=float, default=1.5, help="offered load of the burst (synthetic)")
@@ -607,6 +683,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown policies {bad}; choose from {sorted(pm.POLICIES)}")
     if args.seeds < 1 or args.jobs < 1:
         p.error("--seeds and --jobs must be >= 1")
+    try:
+        seeds_of(args)
+    except ValueError:
+        p.error(f"--seed-list must be comma-separated integers, got {args.seed_list!r}")
     try:
         cluster = load_cluster(args.cluster)
         if args.trace:
@@ -671,6 +751,7 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     out.write_text(json.dumps(doc, indent=1, default=float))
     log(f"results: {out}")
     print_table(summary)
+    out.with_suffix(".md").write_text(markdown_table(summary) + "\n")
     if args.plots:
         try:  # matplotlib is the optional [bench] extra
             import placement_plots
@@ -700,7 +781,7 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")
         for policy in policies:
             env.use_policy(policy)
-            for seed in range(args.seed0, args.seed0 + args.seeds):
+            for seed in seeds_of(args):
                 results.append(run_once(env, args, policy, seed))
     finally:
         if env is not None:
@@ -708,6 +789,12 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "placement-logs" / "cluster"))
         lc.down(quiet=True, keep_logs=True)
     return results
+
+
+def seeds_of(args: argparse.Namespace) -> list[int]:
+    if args.seed_list:
+        return [int(x) for x in args.seed_list.split(",") if x]
+    return list(range(args.seed0, args.seed0 + args.seeds))
 
 
 def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunResult:
@@ -723,7 +810,7 @@ def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunR
     log(f"({policy}) seed {seed}: {r.events} events in {r.steps} steps, {r.wall_s:.0f}s wall; "
         f"util {m['utilisation']:.3f} goodput {m['goodput']:.3f} stranded {m['stranded_gpus']:.1f} "
         f"p95 wait 8-GPU {m['wait_p95_s'].get('8', math.nan):.0f}s violations {m['type_violations']} "
-        f"unplaced {m['unplaced']}; phases {r.phases_s}")
+        f"unplaced {m['unplaced']}; waiting though they fit: {len(r.missed)} job-steps; phases {r.phases_s}")
     return r
 
 

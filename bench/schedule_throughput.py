@@ -54,6 +54,7 @@ from placement_bench import (  # noqa: E402
     install_classes,
     metric_sum,
     parse_metrics,
+    wait_untainted,
 )
 
 from topodra.controller.profile import ClaimProfile  # noqa: E402
@@ -209,6 +210,7 @@ def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices:
         names = [f"tp-{i:03d}" for i in range(args.nodes)]
         publish_nodes(kube, names, devices, stripped=scenario == "stripped")
         log(f"{args.nodes} nodes and slices published in {time.monotonic() - t0:.0f}s")
+        wait_untainted(kube, names)
         pid = lc.running().get("kube-scheduler")
         if pid:
             lc._stop("kube-scheduler", pid)  # hold scheduling while the workload is created
