@@ -303,6 +303,10 @@ class DeviceState:
         fresh: list[tuple[ClaimRef, ClaimEntry, dict[str, Any]]] = []
         for c in claims:
             existing = data.claims.get(c.ref.uid)
+            if existing is not None and (existing.namespace, existing.name) != (c.ref.namespace, c.ref.name):
+                results[c.ref.uid] = PrepareResult([], f"claim {c.ref}: UID {c.ref.uid} is prepared on node "
+                                                       f"{self.node_name} as claim {existing.ref}; not answered")
+                continue
             if existing is not None:
                 results[c.ref.uid] = self._answer_existing(existing, devices)
                 continue
