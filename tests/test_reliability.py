@@ -6,6 +6,7 @@ file); the target is zero.  The full sizes and their numbers: docs/reliability.m
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -16,10 +17,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
+import reliability_cleanup
 import reliability_common as rcom
 import reliability_crash
 import reliability_disk
 import reliability_fuzz
+import reliability_main
 
 from topodra.claims import ClaimRef
 from topodra.plugin.cleanup import CleanupLoop, cleanup_once
@@ -129,3 +132,21 @@ def test_cleanup_loop_runs_at_start_and_periodically(tmp_path: Path) -> None:
     finally:
         loop.stop()
     assert not any(t.name == "claim-cleanup" for t in threading.enumerate())
+
+
+def test_cleanup_campaign(tmp_path: Path) -> None:
+    out = reliability_cleanup.run(20, seed=2, root=tmp_path)
+    assert out["lost"] == [] and all(n > 0 for n in out["claims"].values())
+
+
+def test_entry_point_writes_json_and_fails_on_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "r.json"
+    args = ["--only", "crash,cleanup", "--crash-runs", "5", "--cleanup-rounds", "3", "--workdir", str(tmp_path),
+            "--out", str(out)]
+    assert reliability_main.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"crash", "cleanup"} and doc["results"]["crash"]["runs"] == 5
+    monkeypatch.setattr(DeviceState, "_remove_orphans", lambda self, data: [])
+    assert reliability_main.main([*args[:4], "--crash-runs", "30", *args[6:]]) == 1
+    with pytest.raises(SystemExit):
+        reliability_main.parse(["--only", "crash,nothing"])

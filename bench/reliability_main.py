@@ -1,0 +1,70 @@
+"""``bench/reliability``: run the campaigns with counts from flags, print a table, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import reliability_cleanup
+import reliability_crash
+import reliability_disk
+import reliability_fuzz
+
+PARTS = ("crash", "fuzz", "disk", "cleanup")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/reliability", description=__doc__)
+    p.add_argument("--crash-runs", type=int, default=500, help="kill -9 runs (default 500)")
+    p.add_argument("--fuzz-requests", type=int, default=10_000, help="fuzzed gRPC requests (default 10000)")
+    p.add_argument("--fuzz-big-calls", type=int, default=2, help="extra calls with 10,000 claims each (default 2)")
+    p.add_argument("--disk-rounds", type=int, default=3, help="disk-full rounds per directory (default 3)")
+    p.add_argument("--cleanup-rounds", type=int, default=100, help="deleted-while-down rounds (default 100)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    p.add_argument("--workdir", type=Path, default=None, help="where the node directories go (default /tmp)")
+    p.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/reliability-<time>.json)")
+    args = p.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(PARTS)
+    if unknown:
+        p.error(f"--only: unknown parts {sorted(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    parts = args.only.split(",")
+    results: dict[str, Any] = {}
+    if "crash" in parts:
+        results["crash"] = reliability_crash.run(args.crash_runs, seed=args.seed, root=args.workdir)
+    if "fuzz" in parts:
+        results["fuzz"] = reliability_fuzz.run(args.fuzz_requests, big_calls=args.fuzz_big_calls, seed=args.seed,
+                                               root=args.workdir)
+    if "disk" in parts:
+        results["disk"] = reliability_disk.run(args.disk_rounds, root=args.workdir)
+    if "cleanup" in parts:
+        results["cleanup"] = reliability_cleanup.run(args.cleanup_rounds, seed=args.seed, root=args.workdir)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+           "host": platform.node(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = args.out or Path(__file__).resolve().parent / "results" / f"reliability-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{'part':<8} {'count':>8} {'lost':>5} {'seconds':>8}")
+    total_lost = 0
+    for part, r in results.items():
+        count = r.get("runs") or r.get("requests") or r.get("rounds") or 2 * r.get("rounds_per_target", 0)
+        total_lost += len(r["lost"])
+        print(f"{part:<8} {count:>8} {len(r['lost']):>5} {r['seconds']:>8}")
+        for line in r["lost"][:20]:
+            print(f"  LOST {line}", file=sys.stderr)
+    print(f"wrote {out}")
+    return 1 if total_lost else 0
