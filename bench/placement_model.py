@@ -197,17 +197,23 @@ def extended_device_class() -> dict[str, Any]:
                      "extendedResourceName": EXTENDED_RESOURCE}}
 
 
-def scheduler_config(policy: str) -> dict[str, Any]:
-    """The KubeSchedulerConfiguration for a policy (all share the queue settings).
+SCHEDULER_CLIENT = {"qps": 500, "burst": 1000}
+
+
+def scheduler_config(policy: str, client: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration for a policy (all share the queue and client settings).
 
     Backoff is 1 s for every policy so a requeued pod is retried at once in wall time; the
-    virtual clock does not advance while the scheduler works, so this changes no result.
+    virtual clock does not advance while the scheduler works, so this changes no result. The
+    scheduler's API client gets ``SCHEDULER_CLIENT`` (default 50 qps / 100 burst): every DRA pod
+    costs it at least two writes (claim status, binding), so the default caps it near 25 pods/s.
     """
     profile: dict[str, Any] = {"schedulerName": "default-scheduler"}
     if policy == "a":
         profile["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {"scoringStrategy": {
             "type": "MostAllocated", "resources": [{"name": EXTENDED_RESOURCE, "weight": 1}]}}}]
     return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": dict(SCHEDULER_CLIENT if client is None else client),
             "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": 1, "profiles": [profile]}
 
 

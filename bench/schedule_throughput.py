@@ -200,7 +200,8 @@ def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices:
     state = Path(tempfile.mkdtemp(prefix="topodra-throughput-"))
     state.rmdir()
     lc = localcluster.Cluster(state_dir=state)
-    cfg = pm.scheduler_config("b")  # stock scoring, the same queue settings as bench/placement
+    # Stock scoring, the queue settings of bench/placement; the client QPS of --scheduler-qps.
+    cfg = pm.scheduler_config("b", client={"qps": args.scheduler_qps, "burst": 2 * args.scheduler_qps})
     lc.up(build=False, scheduler_config=cfg)
     env: Env | None = None
     try:
@@ -228,9 +229,9 @@ def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices:
         env = Env(lc=lc, kube=kube, inv=pm.Inventory({}, {}, {}, {}), node_selector={})
         extender = env.start_scorer() if scorer else None
         scorer0 = env.scorer_metrics()
-        lc.restart_scheduler(cfg, extender)
         t_start = time.monotonic()
-        samples: list[tuple[float, float]] = []
+        samples: list[tuple[float, float]] = [(0.0, 0.0)]  # nothing is scheduled before the restart
+        lc.restart_scheduler(cfg, extender)
         last_change, last = time.monotonic(), -1.0
         while True:
             m = parse_metrics(lc.scheduler_metrics())
@@ -244,7 +245,7 @@ def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices:
             time.sleep(0.25)
         busy = metric_sum(m, "scheduler_scheduling_attempt_duration_seconds_sum")
         attempts = metric_sum(m, "scheduler_schedule_attempts_total")
-        first = next((t for t, c in samples if c > 0), 0.0)
+        first = next((t0 for (t0, _c0), (_t1, c1) in itertools.pairwise(samples) if c1 > 0), 0.0)
         overall = done / (samples[-1][0] - first) if samples[-1][0] > first else math.nan
         r = Result(scenario=scenario, scorer=scorer, pods=len(sizes), scheduled=int(done),
                    pods_per_s=throughput(samples, len(sizes)), pods_per_s_overall=overall,
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-gpu-pods", type=int, default=1000)
     p.add_argument("--eight-gpu-pods", type=int, default=125)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--scheduler-qps", type=int, default=pm.SCHEDULER_CLIENT["qps"],
+                   help="kube-scheduler's client QPS (burst twice that); Kubernetes' default is 50")
     p.add_argument("--stall", type=float, default=30, help="stop when nothing was scheduled for this long")
     p.add_argument("--timeout", type=float, default=600, help="seconds one scenario may schedule")
     p.add_argument("--out", help="JSON file (default bench/results/schedule-throughput-<time>.json)")

@@ -77,7 +77,8 @@ def scheduler_configuration(base: dict[str, Any] | None, kubeconfig: Path,
                             extender: str | None = None) -> dict[str, Any]:
     """The KubeSchedulerConfiguration the harness runs: ``base`` plus our kubeconfig (and extender).
 
-    Pure. ``base`` must not carry ``clientConnection``: the harness owns the credentials.
+    Pure. ``base`` may tune ``clientConnection`` (``qps``, ``burst``) but not set its
+    ``kubeconfig``: the harness owns the credentials.
     """
     import copy
 
@@ -88,9 +89,10 @@ def scheduler_configuration(base: dict[str, Any] | None, kubeconfig: Path,
         raise ClusterError(f"scheduler config must be a KubeSchedulerConfiguration of apiVersion "
                            f"{SCHEDULER_CONFIG_API}, got kind={cfg.get('kind') if isinstance(cfg, dict) else cfg!r} "
                            f"apiVersion={cfg.get('apiVersion') if isinstance(cfg, dict) else None!r}")
-    if "clientConnection" in cfg:
-        raise ClusterError("scheduler config must not set clientConnection: the harness fills in its kubeconfig")
-    cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    conn = cfg.get("clientConnection") or {}
+    if not isinstance(conn, dict) or "kubeconfig" in conn:
+        raise ClusterError("scheduler config must not set clientConnection.kubeconfig: the harness fills it in")
+    cfg["clientConnection"] = {**conn, "kubeconfig": str(kubeconfig)}
     cfg.setdefault("leaderElection", {"leaderElect": False})
     if extender:
         cfg["extenders"] = [*(cfg.get("extenders") or []), extender_stanza(extender)]

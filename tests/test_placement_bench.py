@@ -438,3 +438,11 @@ def test_smoke_replay_on_the_real_scheduler(cluster: Any) -> None:
     assert c["nvlink_locality"] == 1.0
     # The same stream, so the same per-size job counts under both policies.
     assert {k: len(v) for k, v in results["a"].waits.items()} == {k: len(v) for k, v in results["c"].waits.items()}
+
+
+def test_scheduler_client_settings_reach_the_harness_config() -> None:
+    import localcluster
+
+    cfg = localcluster.scheduler_configuration(pm.scheduler_config("c"), Path("/k"))
+    assert cfg["clientConnection"] == {**pm.SCHEDULER_CLIENT, "kubeconfig": "/k"}
+    assert pm.scheduler_config("c", client={"qps": 50, "burst": 100})["clientConnection"]["qps"] == 50
