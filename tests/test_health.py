@@ -408,3 +408,37 @@ def test_readiness_fails_on_a_socket_that_exists_but_does_not_answer(short_dir: 
     finally:
         for s in listeners:
             s.close()
+
+
+def test_restart_carries_published_taints_for_one_hold_time() -> None:
+    """Our taints read back from the slices are kept ``hold`` more seconds; admins' taints are not ours."""
+    devices = [Device(name="gpu-0", kind="gpu"), Device(name="gpu-1", kind="gpu")]
+    xid = DeviceTaint(XID_KEY, "48", Effect.NO_EXECUTE, 1_700_000_000)
+    published = build_slices(DRIVER, NODE, None, devices, 4, {"gpu-0": (xid,)})
+    published[0]["spec"]["devices"][1]["taints"] = [
+        {"key": "example.com/maintenance", "effect": "NoSchedule", "timeAdded": "2026-01-01T00:00:00Z"}]
+    old = build_slices(DRIVER, NODE, None, devices, 3, {"gpu-1": (xid,)})  # an older generation: ignored
+    from topodra.slices import published_taints
+    found = published_taints(json.loads(json.dumps(old + published)))
+    assert found == {"gpu-0": [xid]}
+    inv = Inventory(devices)
+
+    class Quiet:
+        def open(self) -> None: ...
+        def close(self) -> None: ...
+        def wait_events(self, timeout: float) -> list[Observation]:
+            return []
+        def poll(self) -> list[Observation]:
+            return []
+
+    clock = Clock()
+    mon = HealthMonitor(inv, lambda devs: Quiet(), hold_seconds=60, poll_interval=1, clock=clock)
+    mon.adopt(found)
+    assert mon.taints() == {"gpu-0": (xid,)}  # timeAdded kept
+    assert mon.snapshot.states["gpu-0"].unhealthy
+    clock.t += 59
+    mon.step()
+    assert mon.taints() == {"gpu-0": (xid,)}
+    clock.t += 1
+    mon.step()
+    assert mon.taints() == {}

@@ -9,7 +9,7 @@ and the total slice count, so the scheduler sees a consistent pool.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from topodra.devices import Device
@@ -75,6 +75,21 @@ def build_slices(driver_name: str, node_name: str, node_uid: str | None,
             },
         })
     return slices
+
+
+def published_taints(slices: Iterable[dict[str, Any]]) -> dict[str, list[DeviceTaint]]:
+    """Device → our taints in the newest generation of a pool's slices (admins' taints are not ours)."""
+    slices = list(slices)
+    newest = max((int(s["spec"]["pool"].get("generation", 0)) for s in slices), default=0)
+    out: dict[str, list[DeviceTaint]] = {}
+    for s in slices:
+        if int(s["spec"]["pool"].get("generation", 0)) != newest:
+            continue
+        for d in s["spec"].get("devices") or []:
+            ours = [t for t in (DeviceTaint.from_api(x) for x in d.get("taints") or []) if t is not None]
+            if ours:
+                out[str(d["name"])] = ours
+    return out
 
 
 def same_content(existing: dict[str, Any], desired: dict[str, Any]) -> bool:

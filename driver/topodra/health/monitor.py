@@ -92,6 +92,16 @@ class HealthMonitor:
         """What the publisher puts into the ResourceSlices."""
         return self.snapshot.taints
 
+    def adopt(self, taints: Mapping[str, Iterable[DeviceTaint]]) -> None:
+        """Taints found in the ResourceSlices at start (see ``HealthPolicy.adopt``); call before ``start``."""
+        if any(taints.values()):
+            log.info("carrying over published device taints: %s",
+                     {d: [t.text for t in ts] for d, ts in taints.items() if ts})
+        with self._lock:
+            known = {d.name for d in self._devices}
+        self.policy.adopt({d: ts for d, ts in taints.items() if d in known}, self._clock())
+        self._apply([], self._clock())
+
     # ----- one round
 
     def _reopen(self) -> None:

@@ -30,6 +30,7 @@ GPU_LOST_KEY = f"{GPU_DOMAIN}/gpu-lost"
 NVLINK_KEY = f"{GPU_DOMAIN}/nvlink-degraded"
 THROTTLE_KEY = f"{GPU_DOMAIN}/clock-throttled"
 NIC_DOWN_KEY = f"{NIC_DOMAIN}/link-down"
+OWN_KEYS = frozenset({XID_KEY, ECC_KEY, GPU_LOST_KEY, NVLINK_KEY, THROTTLE_KEY, NIC_DOWN_KEY})
 DEFAULT_HOLD_SECONDS = 300.0
 MAX_TAINTS_PER_DEVICE = 16  # resource.k8s.io/v1 limit
 
@@ -126,6 +127,18 @@ class DeviceTaint:
     def text(self) -> str:
         return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
 
+    @classmethod
+    def from_api(cls, t: Mapping[str, object]) -> DeviceTaint | None:
+        """One of *our* taints as the API returns it; None for anything else (admins' or unparsable)."""
+        key, effect, added = t.get("key"), t.get("effect"), t.get("timeAdded")
+        if key not in OWN_KEYS or effect not in {e.value for e in Effect} or not isinstance(added, str):
+            return None
+        try:
+            when = datetime.strptime(added, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            return None
+        return cls(str(key), str(t.get("value") or ""), Effect(str(effect)), int(when.timestamp()))
+
 
 def label_value(text: str) -> str:
     """``text`` made a valid label value (what a taint value must be)."""
@@ -214,6 +227,16 @@ class HealthPolicy:
         else:
             cur.last_seen = now
             cur.condition = cond
+
+    def adopt(self, taints: Mapping[str, Iterable[DeviceTaint]], now: float) -> None:
+        """Carry taints a previous instance published over a restart: kept for ``hold`` unless seen again.
+
+        Without this, a restart would forget one-shot events (an XID 48) and untaint a broken GPU early.
+        """
+        for device, ts in taints.items():
+            for t in ts:
+                cond = Condition(t.key, t.value, t.effect, f"{t.text} (published before the plugin restarted)")
+                self._active.setdefault((device, t.key, t.effect), _Active(cond, t.time_added, now))
 
     def expire(self, now: float) -> bool:
         """Drop conditions not seen for ``hold_seconds``; True if any went."""

@@ -99,17 +99,18 @@ class Plugin:
     def start(self) -> None:
         cfg = self.cfg
         # Imported here so that config errors are reported before the heavy imports.
-        from topodra.apipaths import claim_path
+        from topodra.apipaths import claim_path, slices_path
         from topodra.health.monitor import HealthMonitor
         from topodra.health.sources import NodeHealthSource
         from topodra.inventory import Inventory
-        from topodra.kube import Kube
+        from topodra.kube import Kube, KubeError
         from topodra.plugin import metrics
         from topodra.plugin.cleanup import CleanupLoop
         from topodra.plugin.device_health import DeviceHealthBoard
         from topodra.plugin.health import ProbeServer, all_of, answers
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
+        from topodra.slices import published_taints
 
         observer = metrics.MetricsObserver()
         with ExitStack() as stack:
@@ -132,6 +133,11 @@ class Plugin:
                                     hold_seconds=cfg.health_hold_seconds, poll_interval=cfg.health_poll_interval)
             monitor.subscribe(board.health_changed)
             self.monitor = monitor
+            try:  # a restart must not forget what the previous instance tainted
+                monitor.adopt(published_taints(kube.list(slices_path(), field_selector=(
+                    f"spec.driver={cfg.driver_name},spec.nodeName={cfg.node_name}"))))
+            except KubeError as e:
+                log.warning("cannot read the published device taints (%s); starting without them", e)
 
             def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
                 return kube.get(claim_path(namespace, name))
