@@ -15,13 +15,16 @@ import reliability_cleanup
 import reliability_crash
 import reliability_disk
 import reliability_fuzz
+import reliability_process
 
-PARTS = ("crash", "fuzz", "disk", "cleanup")
+PARTS = ("crash", "process", "fuzz", "disk", "cleanup")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/reliability", description=__doc__)
     p.add_argument("--crash-runs", type=int, default=500, help="kill -9 runs (default 500)")
+    p.add_argument("--process-runs", type=int, default=30,
+                   help="kill -9 runs on a real plugin process over its socket (default 30; ~1 s each)")
     p.add_argument("--fuzz-requests", type=int, default=10_000, help="fuzzed gRPC requests (default 10000)")
     p.add_argument("--fuzz-big-calls", type=int, default=2, help="extra calls with 10,000 claims each (default 2)")
     p.add_argument("--disk-rounds", type=int, default=3, help="disk-full rounds per directory (default 3)")
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     if "crash" in parts:
         results["crash"] = reliability_crash.run(args.crash_runs, seed=args.seed, root=args.workdir)
+    if "process" in parts:
+        results["process"] = reliability_process.run(args.process_runs, seed=args.seed, root=args.workdir)
     if "fuzz" in parts:
         results["fuzz"] = reliability_fuzz.run(args.fuzz_requests, big_calls=args.fuzz_big_calls, seed=args.seed,
                                                root=args.workdir)

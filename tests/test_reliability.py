@@ -23,6 +23,7 @@ import reliability_crash
 import reliability_disk
 import reliability_fuzz
 import reliability_main
+import reliability_process
 
 from topodra.claims import ClaimRef
 from topodra.plugin.cleanup import CleanupLoop, cleanup_once
@@ -37,6 +38,11 @@ def test_crash_points_lose_nothing(tmp_path: Path) -> None:
     assert set(out["by_point"]) == {*reliability_crash.PREPARE_POINTS, *reliability_crash.UNPREPARE_POINTS,
                                     reliability_crash.EXTERNAL_KILL}
     assert out["prepares_retried"] > 0 and out["unprepares_retried"] > 0
+
+
+def test_kill_9_of_a_real_plugin_process_over_its_socket(tmp_path: Path) -> None:
+    out = reliability_process.run(4, seed=11, root=tmp_path)
+    assert out["lost"] == [] and out["crashed"] == 4
 
 
 def test_crash_checker_catches_a_leaked_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
