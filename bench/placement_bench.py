@@ -674,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", nargs="+", metavar="RESULT.json",
                    help="no cluster: combine the runs of earlier result files (e.g. a matrix run in parts), "
                         "summarize and plot them")
+    p.add_argument("--exclude", default="", metavar="POLICY:SEED,...",
+                   help="with --merge: leave out these runs (e.g. d:1 when it was run again)")
     args = p.parse_args(argv)
     if args.merge:
         return merge(args)
@@ -702,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
         print(f"bench/placement: {e}", file=sys.stderr)
         return 1
-    return finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
+    return finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge", "exclude")},
                          "policies": {k: pm.POLICIES[k] for k in policies}}, results_as_dicts(results), out)
 
 
@@ -726,7 +728,8 @@ def merge(args: argparse.Namespace) -> int:
             print(f"bench/placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
         first_args = first_args or doc["args"]
-        runs += doc["runs"]
+        excluded = {tuple(x.split(":", 1)) for x in args.exclude.split(",") if x}
+        runs += [r for r in doc["runs"] if (r["policy"], str(r["seed"])) not in excluded]
         policies.update(doc["policies"])
     keys = [(r["policy"], r["seed"]) for r in runs]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
@@ -735,8 +738,8 @@ def merge(args: argparse.Namespace) -> int:
         return 2
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
-    return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge},
-                  runs, out)
+    return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge,
+                         "excluded": args.exclude}, runs, out)
 
 
 def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> int:
