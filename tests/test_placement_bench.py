@@ -75,7 +75,16 @@ def test_alibaba_mapping(tmp_path: Path) -> None:
     assert [j.duration for j in jobs] == [100, 100, 1000, 400]
     assert all(j.prefs == "any" for j in jobs)
     assert jobs[0].arrival == 0 and [j.arrival for j in jobs] == sorted(j.arrival for j in jobs)
-    assert pm.offered_load(jobs, 16) == pytest.approx(1.0)
+    # Offered load 1.0 on 16 GPUs, durations counted up to their 90th percentile (820 s here)...
+    cap = pm.percentile([j.duration for j in jobs], pm.TRIM_PERCENTILE)
+    assert cap == pytest.approx(820)
+    assert jobs[-1].arrival == pytest.approx(sum(j.gpus * min(j.duration, cap) for j in jobs) / 16)
+    # ...so one task of a whole year does not stretch the gaps of all the others to months.
+    year = write_trace(tmp_path / "y.csv", [(1, 1000, 0, 365 * 86400), *[(1, 1000, 10 * i, 10 * i + 600)
+                                                                          for i in range(1, 40)]])
+    long = pm.alibaba_jobs(year, 100, capacity_gpus=8)
+    assert long[-1].arrival == pytest.approx(40 * 600 / 8, rel=0.05)
+    assert long[0].duration == 365 * 86400  # the replay still runs it whole
     skipped = pm.alibaba_jobs(f, 10, capacity_gpus=16, fractional="skip")
     assert [j.gpus for j in skipped] == [1, 8, 4]
     assert [j.gpus for j in pm.alibaba_jobs(f, 2, 16, skip=1)] == [1, 8]
