@@ -1,0 +1,29 @@
+"""API faults on the real control plane (bench/reliability_apifaults.py at a reduced pause).
+
+kube-apiserver, then etcd, stopped (SIGSTOP) while the real plugin prepares and while it publishes:
+per-claim errors within the kubelet's deadline, retries succeed after resuming, and the node's
+ResourceSlices converge within 30 s with no duplicates.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import reliability_apifaults
+from conftest import ClusterHandle
+
+pytestmark = pytest.mark.cluster
+
+
+def test_apiserver_and_etcd_stopped_during_prepare_and_publishing(cluster: ClusterHandle) -> None:
+    out = reliability_apifaults.run(cluster.lc, pause_s=5.0)
+    assert out["lost"] == []
+    for component in ("kube-apiserver", "etcd"):
+        r = out[component]
+        assert r["prepare_error"] and r["prepare_error_after_s"] < reliability_apifaults.KUBELET_DEADLINE
+        assert r["slices_converged_after_resume_s"] is not None
