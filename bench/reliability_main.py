@@ -17,7 +17,7 @@ import reliability_disk
 import reliability_fuzz
 import reliability_process
 
-PARTS = ("crash", "process", "fuzz", "disk", "cleanup")
+PARTS = ("crash", "process", "fuzz", "disk", "cleanup", "apifaults")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -29,6 +29,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fuzz-big-calls", type=int, default=2, help="extra calls with 10,000 claims each (default 2)")
     p.add_argument("--disk-rounds", type=int, default=3, help="disk-full rounds per directory (default 3)")
     p.add_argument("--cleanup-rounds", type=int, default=100, help="deleted-while-down rounds (default 100)")
+    p.add_argument("--apifault-pause", type=float, default=10.0,
+                   help="seconds each control-plane component stays stopped (default 10)")
+    p.add_argument("--lock-timeout", type=float, default=3600.0,
+                   help="how long apifaults waits for the shared cluster lock (default 3600 s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     p.add_argument("--workdir", type=Path, default=None, help="where the node directories go (default /tmp)")
@@ -38,6 +42,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"--only: unknown parts {sorted(unknown)}")
     return args
+
+
+def apifaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The API-fault part on its own local control plane, in a turn of the shared cluster lock."""
+    import tempfile
+
+    import localcluster
+    import prepare_bench
+    import reliability_apifaults
+
+    start = time.monotonic()
+    with prepare_bench.cluster_lock(args.lock_timeout):
+        state = Path(tempfile.mkdtemp(prefix="topodra-reliability-cluster-"))
+        state.rmdir()  # the harness creates (and removes) its own directory
+        lc = localcluster.Cluster(state_dir=state)
+        try:
+            lc.up(node=False, build=True)
+            out = reliability_apifaults.run(lc, pause_s=args.apifault_pause)
+        finally:
+            lc.down(quiet=True)
+    out["seconds"] = round(time.monotonic() - start, 2)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         results["disk"] = reliability_disk.run(args.disk_rounds, root=args.workdir)
     if "cleanup" in parts:
         results["cleanup"] = reliability_cleanup.run(args.cleanup_rounds, seed=args.seed, root=args.workdir)
+    if "apifaults" in parts:
+        results["apifaults"] = apifaults(args)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout.strip()
     doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
@@ -66,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'part':<8} {'count':>8} {'lost':>5} {'seconds':>8}")
     total_lost = 0
     for part, r in results.items():
-        count = r.get("runs") or r.get("requests") or r.get("rounds") or 2 * r.get("rounds_per_target", 0)
+        count = (r.get("runs") or r.get("requests") or r.get("rounds") or 2 * r.get("rounds_per_target", 0)
+                 or 4 * ("kube-apiserver" in r))  # apifaults: 2 components x (prepare, publishing)
         total_lost += len(r["lost"])
         print(f"{part:<8} {count:>8} {len(r['lost']):>5} {r['seconds']:>8}")
         for line in r["lost"][:20]:
