@@ -777,3 +777,34 @@ def test_lock_timeout_is_a_per_claim_error(env: Env) -> None:
     assert env.prepare(st, [ref])[UID1].error == ""
     with FileLock(env.state_dir / "serialize.lock", timeout=1):
         pass
+
+
+def test_prepared_uid_under_another_name_is_refused(env: Env) -> None:
+    st = env.state()
+    ref = env.api.add("ns", "a", UID1, [result("gpu-0")])
+    assert env.prepare(st, [ref])[UID1].error == ""
+    before = env.snapshot()
+    for ns, name in (("other", "a"), ("ns", "b")):
+        env.api.add(ns, name, UID1, [result("gpu-1")])
+        err = env.prepare(st, [ClaimRef(namespace=ns, uid=UID1, name=name)])[UID1].error
+        assert "is prepared on node" in err and "ns/a" in err
+    assert env.snapshot() == before
+
+
+@pytest.mark.parametrize(("ns", "uid", "name", "bad"), [
+    ("ns", "../etc", "a", "uid"), ("ns", "a/b", "a", "uid"), ("ns", "a..b", "a", "uid"), ("ns", "x\0", "a", "uid"),
+    ("ns", "u" * 129, "a", "uid"), ("Ns", UID1, "a", "namespace"), ("n/s", UID1, "a", "namespace"),
+    ("ns", UID1, "A", "name"), ("ns", UID1, "a/../b", "name"), ("ns", UID1, "a" * 254, "name"),
+    ("ns", UID1, "ünï", "name")])
+def test_claim_refs_that_cannot_exist_are_named(ns: str, uid: str, name: str, bad: str) -> None:
+    from topodra.claims import ref_problem
+
+    problem = ref_problem(ns, uid, name)
+    assert problem is not None and problem.startswith(bad) and len(problem) < 300
+
+
+def test_real_claim_refs_pass() -> None:
+    from topodra.claims import ref_problem
+
+    assert ref_problem("team-a", UID1, "train-0.gpus-x7k2p") is None
+    assert ref_problem("a" * 63, "u" * 128, "b" * 253) is None
