@@ -69,7 +69,6 @@ CRASH_POINTS = frozenset({
     "after-checkpoint-written",      # checkpoint durable, answer not yet sent
     "after-unprepare-cdi-removed",   # first spec of the batch removed, checkpoint not yet
     "after-unprepare-checkpoint-written",  # checkpoint durable, answer not yet sent
-    "cleanup-after-unprepare",       # the cleanup loop unprepared stale claims, before its orphan sweep
 })
 CRASH_EXIT_CODE = 137
 
@@ -190,7 +189,6 @@ class DeviceState:
         """Unprepare ``stale`` claims (their ResourceClaim is gone; the caller checked, outside the lock)
         and delete orphan specs; returns the unprepare answers and the orphan UIDs removed."""
         answers = self.unprepare(stale)
-        self._maybe_crash("cleanup-after-unprepare")
         with self._lock, self._node_locked("cleanup"):
             orphans = self._remove_orphans(self._load())
         if orphans:
