@@ -7,7 +7,8 @@ kubelet-less node; the real scheduler allocates its claims. A component is
 "stopped" with SIGSTOP (connections hang, the hardest case for a client: no
 refusal, only timeouts) and resumed with SIGCONT.
 
-For each of kube-apiserver and etcd:
+First, a claim deleted while the plugin was down must be unprepared by the cleanup pass at
+start (``--claim-cleanup-interval``), and another one kept. Then, for each of kube-apiserver and etcd:
 
 * **prepare**: a claim prepared while the component is stopped gets a per-claim
   error within the kubelet's 45 s deadline; after resuming, the kubelet's retries
@@ -114,6 +115,7 @@ def run(lc: localcluster.Cluster, pause_s: float = 8.0) -> dict[str, Any]:
             ns = f"apifault-{os.getpid()}"
             kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
             pb.wait_until(lambda: kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), 60, "default SA")
+            out["deleted_while_down"] = _deleted_while_down(kube, plugin, root, ns, lost)
             for component in ("kube-apiserver", "etcd"):
                 out[component] = _fault(lc, kube, plugin, root, ns, component, pause_s, lost)
         finally:
@@ -121,6 +123,33 @@ def run(lc: localcluster.Cluster, pause_s: float = 8.0) -> dict[str, Any]:
             kube.close()
     out["lost"] = lost
     return out
+
+
+def _deleted_while_down(kube: Kube, plugin: pb.BenchPlugin, root: Path, ns: str, lost: list[str]) -> dict[str, Any]:
+    """The real plugin's cleanup pass at start unprepares a claim deleted while it was down."""
+    gone, kept = pb.make_claims(kube, ns, "down", 2, 1, admin=False, timeout=120)
+    with KubeletStub(plugin.socket) as stub:
+        answers = stub.prepare([gone.ref, kept.ref]).claims
+    if answers[gone.uid].error or answers[kept.uid].error:
+        lost.append(f"deleted while down: prepare failed: {answers}")
+    plugin.stop()
+    pb.release_claims(kube, [gone], 120)  # the kubelet never unprepared it
+    t0 = time.monotonic()
+    plugin.start(wait=False)
+    pb.wait_until(lambda: plugin.socket.is_socket(), 60, "plugin socket")
+    dirs = PluginDirs(root)
+    while gone.uid in dirs.checkpoint().claims and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
+    took = time.monotonic() - t0
+    claims = set(dirs.checkpoint().claims)
+    if gone.uid in claims or kept.uid not in claims:
+        lost.append(f"deleted while down: after restart the checkpoint holds {sorted(claims)}; want only {kept.uid}")
+    lost.extend(f"deleted while down: {v}" for v in violations(dirs))
+    with KubeletStub(plugin.socket) as stub:
+        if stub.unprepare([kept.ref]).claims[kept.uid].error:
+            lost.append("deleted while down: unprepare of the kept claim failed")
+    pb.release_claims(kube, [kept], 120)
+    return {"unprepared_after_start_s": round(took, 2)}
 
 
 def _fault(lc: localcluster.Cluster, kube: Kube, plugin: pb.BenchPlugin, root: Path, ns: str, component: str,
