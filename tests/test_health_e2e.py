@@ -120,8 +120,9 @@ def template(nc: ClusterHandle, ns: str, name: str, tolerations: list[dict[str, 
 def pod(nc: ClusterHandle, ns: str, name: str, tmpl: str, script: str = "sleep 300") -> None:
     nc.kube.create(f"/api/v1/namespaces/{ns}/pods", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        # Pinned to the real node: simulated nodes of other tests may publish the same driver's devices.
         "spec": {"hostNetwork": True, "restartPolicy": "Never", "automountServiceAccountToken": False,
-                 "terminationGracePeriodSeconds": 1,
+                 "terminationGracePeriodSeconds": 1, "nodeSelector": {"kubernetes.io/hostname": nc.node_name},
                  "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": tmpl}],
                  "containers": [{"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never",
                                  "command": ["sh", "-c", script], "resources": {"claims": [{"name": "gpus"}]}}]}})
