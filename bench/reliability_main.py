@@ -48,10 +48,10 @@ def apifaults(args: argparse.Namespace) -> dict[str, Any]:
     """The API-fault part on its own local control plane, in a turn of the shared cluster lock."""
     import tempfile
 
-    import reliability_apifaults  # first: it puts hack/ (localcluster) on the path
-
-    localcluster = reliability_apifaults.localcluster
-    prepare_bench = reliability_apifaults.pb
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack"))
+    import localcluster
+    import prepare_bench
+    import reliability_apifaults
 
     start = time.monotonic()
     with prepare_bench.cluster_lock(args.lock_timeout):
