@@ -148,8 +148,10 @@ def test_helm_install_upgrade_rollback_uninstall_on_the_real_node(node_cluster: 
     follower = LogFollower(nc, tmp_path)
     try:
         t0 = time.monotonic()
+        # Other tests of the session applied deviceclasses/ with kubectl; a user's first install may meet
+        # the same (docs/deploy.md), so the release adopts them.
         helm(nc, "install", "topodra", str(CHART), "-n", NS, "--create-namespace", *LOCAL, "--wait",
-             "--timeout=240s")
+             "--timeout=240s", "--take-ownership")
         timings["helm install --wait"] = time.monotonic() - t0
         (pod,) = plugin_pods(nc)
         assert pod["spec"]["nodeName"] == nc.node_name and ready(pod)
@@ -242,4 +244,5 @@ def test_helm_install_upgrade_rollback_uninstall_on_the_real_node(node_cluster: 
     timings["slices left after uninstall"] = len(slices)
     print("\n" + "\n".join(f"  {k}: {v:.1f}" if isinstance(v, float) else f"  {k}: {v}" for k, v in timings.items()))
     nc.kubectl("label", "node", nc.node_name, "topodra.io/kubelet-plugin-")
+    nc.apply_yaml(REPO / "deviceclasses")  # uninstall deleted the adopted classes; later tests expect them
     nc.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=false", check=False)
