@@ -672,10 +672,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="directory for the PNG plots ('' for none)")
     p.add_argument("--lock-timeout", type=float, default=3600)
     p.add_argument("--merge", nargs="+", metavar="RESULT.json",
-                   help="no cluster: combine the runs of earlier result files (e.g. a matrix run in parts), "
-                        "summarize and plot them")
-    p.add_argument("--exclude", default="", metavar="POLICY:SEED,...",
-                   help="with --merge: leave out these runs (e.g. d:1 when it was run again)")
+                   help="no cluster: combine the runs of earlier result files (e.g. a matrix run in parts; a "
+                        "later file's run of the same policy and seed replaces an earlier one), summarize, plot")
     args = p.parse_args(argv)
     if args.merge:
         return merge(args)
@@ -704,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
         print(f"bench/placement: {e}", file=sys.stderr)
         return 1
-    return finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge", "exclude")},
+    return finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
                          "policies": {k: pm.POLICIES[k] for k in policies}}, results_as_dicts(results), out)
 
 
@@ -714,7 +712,7 @@ def results_as_dicts(results: Sequence[RunResult]) -> list[dict[str, Any]]:
 
 def merge(args: argparse.Namespace) -> int:
     """Combine the runs of several result files (same workload settings) into one document."""
-    runs: list[dict[str, Any]] = []
+    by_key: dict[tuple[str, int], dict[str, Any]] = {}  # a later file's run of a (policy, seed) wins
     policies: dict[str, str] = {}
     first_args: dict[str, Any] | None = None
     for f in args.merge:
@@ -728,18 +726,17 @@ def merge(args: argparse.Namespace) -> int:
             print(f"bench/placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
         first_args = first_args or doc["args"]
-        excluded = {tuple(x.split(":", 1)) for x in args.exclude.split(",") if x}
-        runs += [r for r in doc["runs"] if (r["policy"], str(r["seed"])) not in excluded]
+        for r in doc["runs"]:
+            key = (r["policy"], int(r["seed"]))
+            if key in by_key:
+                log(f"({key[0]}) seed {key[1]}: the run in {f} replaces an earlier one")
+            by_key[key] = r
         policies.update(doc["policies"])
-    keys = [(r["policy"], r["seed"]) for r in runs]
-    dupes = sorted({k for k in keys if keys.count(k) > 1})
-    if dupes:
-        print(f"bench/placement: (policy, seed) pairs occur twice: {dupes}", file=sys.stderr)
-        return 2
+    runs = [by_key[k] for k in sorted(by_key)]
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
-    return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge,
-                         "excluded": args.exclude}, runs, out)
+    return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge},
+                  runs, out)
 
 
 def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> int:
