@@ -137,6 +137,14 @@ def test_service_accounts_and_bindings_line_up() -> None:
 @pytest.fixture(scope="module")
 def installed(cluster: ClusterHandle) -> Iterator[ClusterHandle]:
     """CRD, DeviceClasses, namespace and RBAC applied for real (workloads only as server dry-runs)."""
+
+    def not_terminating() -> bool:
+        ns = cluster.kube.get(f"/api/v1/namespaces/{NS}")
+        return ns is None or (ns.get("status") or {}).get("phase") != "Terminating"
+
+    # Another module using this fixture deleted the namespace with --wait=false: applying into a
+    # terminating namespace is refused ("because it is being terminated").
+    wait_for(not_terminating, 180, f"namespace {NS} of an earlier module to finish terminating")
     cluster.apply_yaml(DEPLOY / "crds")
     cluster.apply_yaml(REPO / "deviceclasses")
     out = cluster.kubectl("apply", "-f", str(DEPLOY / "rbac"))
