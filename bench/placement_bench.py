@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import math
 import os
 import platform
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +46,6 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
@@ -63,7 +60,7 @@ from topodra.deviceclasses import catalog, to_device_class  # noqa: E402
 from topodra.kube import Kube, KubeError  # noqa: E402
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster  # noqa: E402
 
-LOCK_FILE = "/tmp/topodra-test-cluster.lock"
+LOCK_FILE = localcluster.CLUSTER_LOCK_FILE
 DEFAULT_CLUSTER = REPO / "hack" / "clusters" / "enterprise-400.yaml"
 CORE = "/api/v1"
 RES = "/apis/resource.k8s.io/v1"
@@ -78,34 +75,7 @@ def log(msg: str) -> None:
     print(f"[placement {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def cluster_lock(timeout: float) -> Iterator[None]:
-    """The local cluster uses fixed ports: take turns with the pytest fixtures and other benchmarks.
-
-    A blocking flock (bounded by SIGALRM) queues us fairly behind the other waiters; polling with
-    LOCK_NB would let every blocking waiter go first."""
-    fd = os.open(LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for {LOCK_FILE} (another test session or benchmark runs a cluster)")
-
-            def expired(_sig: int, _frame: FrameType | None) -> None:
-                raise TimeoutError
-
-            old = signal.signal(signal.SIGALRM, expired)
-            signal.alarm(max(1, int(timeout)))
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except TimeoutError:
-                raise BenchError(f"{LOCK_FILE} still held after {timeout:.0f}s") from None
-            finally:
-                signal.alarm(0)
-                signal.signal(signal.SIGALRM, old)
-        yield
-    finally:
-        os.close(fd)
+cluster_lock = localcluster.cluster_lock  # one implementation, shared with the other benchmarks
 
 
 # --------------------------------------------------------------------------- scheduler metrics

@@ -69,7 +69,7 @@ from topodra.apipaths import claim_path, slices_path  # noqa: E402
 from topodra.cdi import spec_path  # noqa: E402
 from topodra.kube import Kube, KubeError  # noqa: E402
 
-LOCK_FILE = "/tmp/topodra-test-cluster.lock"
+LOCK_FILE = localcluster.CLUSTER_LOCK_FILE
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "fake-bench-0"
 HARDWARE = "mock:dgx-h100"
@@ -415,34 +415,7 @@ def run_scenario(sc: Scenario, stub: KubeletStub, claims: list[Claim], checker: 
 # --------------------------------------------------------------------------- orchestration
 
 
-@contextlib.contextmanager
-def cluster_lock(timeout: float) -> Iterator[None]:
-    """The local cluster uses fixed ports: take turns with the pytest fixtures and other benchmarks.
-
-    A blocking flock (bounded by SIGALRM) queues us fairly behind the other waiters; polling with
-    LOCK_NB let every blocking waiter (pytest) go first, so a bench could wait for ever."""
-    fd = os.open(LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for {LOCK_FILE} (another test session or benchmark runs a cluster)")
-
-            def expired(_sig: int, _frame: FrameType | None) -> None:
-                raise TimeoutError
-
-            old = signal.signal(signal.SIGALRM, expired)
-            signal.alarm(max(1, int(timeout)))
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except TimeoutError:
-                raise BenchError(f"{LOCK_FILE} still held by another cluster user after {timeout:.0f}s") from None
-            finally:
-                signal.alarm(0)
-                signal.signal(signal.SIGALRM, old)
-        yield
-    finally:
-        os.close(fd)
+cluster_lock = localcluster.cluster_lock  # one implementation, shared with the other benchmarks
 
 
 @contextlib.contextmanager

@@ -219,6 +219,43 @@ def port_holder(port: int) -> str | None:
     return out or "unknown process"
 
 
+# Every user of the fixed-port local cluster (pytest fixtures, benchmarks) takes this lock first.
+CLUSTER_LOCK_FILE = "/tmp/topodra-test-cluster.lock"
+
+
+@contextlib.contextmanager
+def cluster_lock(timeout: float) -> Iterator[None]:
+    """The local cluster uses fixed ports: take turns with the pytest fixtures and other benchmarks.
+
+    A blocking flock (bounded by SIGALRM) queues us fairly behind the other waiters; polling with
+    LOCK_NB let every blocking waiter (pytest) go first, so a bench could wait for ever."""
+    import fcntl
+
+    fd = os.open(CLUSTER_LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for {CLUSTER_LOCK_FILE} (another test session or benchmark runs a cluster)")
+
+            def expired(_sig: int, _frame: object) -> None:
+                raise TimeoutError
+
+            old = signal.signal(signal.SIGALRM, expired)
+            signal.alarm(max(1, int(timeout)))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except TimeoutError:
+                raise ClusterError(f"{CLUSTER_LOCK_FILE} still held by another cluster user after "
+                                   f"{timeout:.0f}s") from None
+            finally:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, old)
+        yield
+    finally:
+        os.close(fd)
+
+
 # Ports for test and bench listeners: below Linux's ephemeral range (32768-60999), so the
 # kernel never hands them to an outgoing connection (an apiserver->etcd socket in TIME_WAIT
 # on a port in that range once broke every plugin e2e test). Above the cluster's own ports.
