@@ -13,6 +13,7 @@ The helpers here are shared with ``test_scheduling_fallback.py``.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 import uuid
 from collections import Counter
@@ -59,10 +60,64 @@ class Scenario:
             written = self.sim.reconcile_all()
             assert written == sum(c for _r, _p, c in groups), f"only {written} pools published"
             self.ns = cluster.namespace(prefix)
+            self._attrs: dict[tuple[str, str], Obj] = {}
+            self.wait_scheduler_sees_all_gpus()
         except BaseException:
-            self.sim.delete()
+            self.close()
             raise
-        self._attrs: dict[tuple[str, str], Obj] = {}
+
+    def wait_scheduler_sees_all_gpus(self, timeout: float = 60) -> None:
+        """Block until the scheduler's own view holds every GPU this scenario published.
+
+        The slices are written through the apiserver, but the scheduler learns of them from its
+        informers, which may lag behind the first test pod under load; a pod scheduled in that gap
+        sees a partial cluster (CI once put a firstAvailable pod on its 2nd choice because the
+        1st-choice node's slice had not reached the scheduler yet).  So ask the scheduler itself: per
+        node, an admin-access claim (never blocks other claims) for *all* its GPUs, pinned there.  Its
+        allocation lists exactly the GPUs the scheduler sees; it must equal what the API holds.
+        """
+        self.kube.request("PATCH", namespace_path(self.ns),
+                          {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+                          content_type="application/merge-patch+json")
+        want: dict[str, int] = {}
+        for node in self.nodes():
+            want[node] = sum(1 for sl in self.kube.list(slices_path(),
+                                                        field_selector=f"spec.driver={DRIVER},spec.nodeName={node}")
+                             for d in sl["spec"].get("devices") or []
+                             if next(iter((d.get("attributes") or {}).get("type", {}).values()), None) == "gpu")
+        probes = {node: f"probe-{i}" for i, node in enumerate(sorted(n for n, c in want.items() if c))}
+        for node, name in probes.items():
+            self.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                         "spec": {"devices": {"requests": [{"name": "all", "exactly": {
+                             "deviceClassName": "gpu.topodra.io", "allocationMode": "All", "adminAccess": True,
+                             "tolerations": [{"operator": "Exists"}]}}]}}})
+            self.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+                "restartPolicy": "Never",
+                "resourceClaims": [{"name": "all", "resourceClaimName": name}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}},
+                "containers": [{"name": "main", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never",
+                                "command": ["true"], "resources": {"claims": [{"name": "all"}]}}]}})
+
+        def seen(node: str, name: str) -> bool:
+            claim = self.kube.get(claim_path(self.ns, name)) or {}
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+            # Fewer GPUs than published: a partial pool; the allocator retries when the rest arrives.
+            assert results is None or len(results) <= want[node], (node, len(results), want[node])
+            return results is not None and len(results) == want[node]
+
+        for node, name in probes.items():
+            wait_for(functools.partial(seen, node, name), timeout, f"scheduler sees all {want[node]} GPUs of {node}")
+        self.kube.request("DELETE", pod_path(self.ns),
+                          {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+        for name in probes.values():
+            self.kube.delete(claim_path(self.ns, name))
+        for name in probes.values():
+            wait_for(functools.partial(self._gone, claim_path(self.ns, name)), timeout, f"probe claim {name} gone")
+
+    def _gone(self, path: str) -> bool:
+        return self.kube.get(path) is None
 
     def nodes(self, *roles: str) -> list[str]:
         """Node names of these roles (all nodes when none are given)."""
