@@ -39,7 +39,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -60,7 +59,11 @@ from topodra.deviceclasses import catalog, to_device_class  # noqa: E402
 from topodra.kube import Kube, KubeError  # noqa: E402
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster  # noqa: E402
 
-LOCK_FILE = localcluster.CLUSTER_LOCK_FILE
+# Placement benchmarks run on a private cluster (own state, ports, lock): they never hold the shared
+# fixed-port cluster's lock that test sessions wait for. Runs of this instance still queue behind each
+# other (two replays at once on 2 cores would measure each other).
+INSTANCE = "bench-placement"
+LOCK_FILE = localcluster.instance_lock_file(INSTANCE)
 DEFAULT_CLUSTER = REPO / "hack" / "clusters" / "enterprise-400.yaml"
 CORE = "/api/v1"
 RES = "/apis/resource.k8s.io/v1"
@@ -75,7 +78,11 @@ def log(msg: str) -> None:
     print(f"[placement {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-cluster_lock = localcluster.cluster_lock  # one implementation, shared with the other benchmarks
+@contextlib.contextmanager
+def instance_lock(timeout: float) -> Iterator[None]:
+    """The private instance's lock (``LOCK_FILE``), not the shared cluster's."""
+    with localcluster.cluster_lock(timeout, LOCK_FILE):
+        yield
 
 
 # --------------------------------------------------------------------------- scheduler metrics
@@ -667,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
     try:
-        with cluster_lock(args.lock_timeout):
+        with instance_lock(args.lock_timeout):
             results = run_matrix(args, cluster, policies)
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
         print(f"bench/placement: {e}", file=sys.stderr)
@@ -734,9 +741,7 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
 
 
 def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Sequence[str]) -> list[RunResult]:
-    state = Path(tempfile.mkdtemp(prefix="topodra-placement-"))
-    state.rmdir()  # the harness refuses a foreign non-empty dir; let it create its own
-    lc = localcluster.Cluster(state_dir=state)
+    lc = localcluster.Cluster.private(INSTANCE)
     t0 = time.monotonic()
     lc.up(build=False)  # use_policy restarts kube-scheduler with the first policy's configuration
     env: Env | None = None

@@ -29,7 +29,6 @@ import os
 import platform
 import random
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -46,12 +45,13 @@ sys.path.insert(0, str(BENCH))
 import localcluster  # noqa: E402
 import placement_model as pm  # noqa: E402
 from placement_bench import (  # noqa: E402
+    INSTANCE,
     RES,
     BenchError,
     Env,
-    cluster_lock,
     histogram_quantiles,
     install_classes,
+    instance_lock,
     metric_sum,
     parse_metrics,
     wait_untainted,
@@ -197,9 +197,7 @@ def create_workload(kube: Kube, ns: str, sizes: Sequence[int], specs: tuple[dict
 
 
 def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices: Sequence[Device]) -> Result:
-    state = Path(tempfile.mkdtemp(prefix="topodra-throughput-"))
-    state.rmdir()
-    lc = localcluster.Cluster(state_dir=state)
+    lc = localcluster.Cluster.private(INSTANCE)
     # Stock scoring, the queue settings of bench/placement; the client QPS of --scheduler-qps.
     cfg = pm.scheduler_config("b", client={"qps": args.scheduler_qps, "burst": 2 * args.scheduler_qps})
     lc.up(build=False, scheduler_config=cfg)
@@ -293,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = template_devices()
     results: list[Result] = []
     try:
-        with cluster_lock(args.lock_timeout):
+        with instance_lock(args.lock_timeout):
             for sc in scenarios:
                 for with_scorer in scorers:
                     results.append(run_scenario(args, sc, with_scorer, devices))

@@ -13,6 +13,7 @@ Used by ``hack/cluster`` (CLI) and by the pytest fixtures in ``tests/conftest.py
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -48,6 +49,38 @@ PORTS = {
     "kube-scheduler": [10259],
     "kubelet": [10250, 10248],
 }
+KUBELET_PORTS = PORTS["kubelet"]
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Where one cluster instance's control plane listens (127.0.0.1). The defaults are the shared
+    cluster's fixed ports; ``Ports.free()`` gives a private instance its own."""
+
+    etcd: int = 2379
+    etcd_peer: int = 2380
+    apiserver: int = 6443
+    controller_manager: int = 10257
+    scheduler: int = 10259
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Five distinct ports nothing listens on now, from FREE_PORT_RANGE (never the fixed ones)."""
+        picked: list[int] = []
+        while len(picked) < 5:
+            port = free_port()
+            if port not in picked:
+                picked.append(port)
+        return cls(*picked)
+
+    def by_component(self) -> dict[str, list[int]]:
+        return {"etcd": [self.etcd, self.etcd_peer], "kube-apiserver": [self.apiserver],
+                "kube-controller-manager": [self.controller_manager], "kube-scheduler": [self.scheduler],
+                "kubelet": list(KUBELET_PORTS)}
+
+    @property
+    def is_default(self) -> bool:
+        return self == Ports()
 
 
 class ClusterError(RuntimeError):
@@ -185,11 +218,11 @@ def _pki(pki: Path, node_name: str) -> None:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
-def _kubeconfig(path: Path, pki: Path, ident: str) -> None:
+def _kubeconfig(path: Path, pki: Path, ident: str, apiserver_port: int = 6443) -> None:
     cfg = {
         "apiVersion": "v1", "kind": "Config",
         "clusters": [{"name": "local", "cluster": {
-            "server": "https://127.0.0.1:6443", "certificate-authority": str(pki / "ca.crt")}}],
+            "server": f"https://127.0.0.1:{apiserver_port}", "certificate-authority": str(pki / "ca.crt")}}],
         "users": [{"name": ident, "user": {
             "client-certificate": str(pki / f"{ident}.crt"), "client-key": str(pki / f"{ident}.key")}}],
         "contexts": [{"name": ident, "context": {"cluster": "local", "user": ident}}],
@@ -223,20 +256,29 @@ def port_holder(port: int) -> str | None:
 CLUSTER_LOCK_FILE = "/tmp/topodra-test-cluster.lock"
 
 
+def instance_lock_file(instance: str) -> str:
+    """The lock of a private cluster instance (see ``Cluster.private``): one run per instance name."""
+    if not instance or not all(ch.isalnum() or ch in "-_" for ch in instance):
+        raise ClusterError(f"cluster instance name must be letters, digits, '-' or '_', got {instance!r}")
+    return f"/tmp/topodra-cluster-{instance}.lock"
+
+
 @contextlib.contextmanager
-def cluster_lock(timeout: float) -> Iterator[None]:
+def cluster_lock(timeout: float, path: str = CLUSTER_LOCK_FILE) -> Iterator[None]:
     """The local cluster uses fixed ports: take turns with the pytest fixtures and other benchmarks.
 
+    ``path`` names another lock (``instance_lock_file``) for a private instance, which shares
+    nothing with the fixed-port cluster and so never waits for it.
     A blocking flock (bounded by SIGALRM) queues us fairly behind the other waiters; polling with
     LOCK_NB let every blocking waiter (pytest) go first, so a bench could wait for ever."""
     import fcntl
 
-    fd = os.open(CLUSTER_LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"waiting for {CLUSTER_LOCK_FILE} (another test session or benchmark runs a cluster)")
+            log(f"waiting for {path} (another test session or benchmark runs a cluster)")
 
             def expired(_sig: int, _frame: object) -> None:
                 raise TimeoutError
@@ -246,7 +288,7 @@ def cluster_lock(timeout: float) -> Iterator[None]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except TimeoutError:
-                raise ClusterError(f"{CLUSTER_LOCK_FILE} still held by another cluster user after "
+                raise ClusterError(f"{path} still held by another cluster user after "
                                    f"{timeout:.0f}s") from None
             finally:
                 signal.alarm(0)
@@ -347,6 +389,28 @@ def procs_matching(needle: str) -> set[int]:
 class Cluster:
     state_dir: Path = field(default_factory=default_state_dir)
     node_name: str = NODE_NAME
+    ports: Ports = field(default_factory=Ports)
+
+    @classmethod
+    def private(cls, instance: str) -> Cluster:
+        """A kubelet-less cluster of its own (for benchmarks): a fresh state directory and free
+        ports in FREE_PORT_RANGE, so it runs beside the shared fixed-port cluster of the tests.
+        Callers serialize runs of one instance with ``cluster_lock(t, instance_lock_file(instance))``."""
+        import tempfile
+
+        instance_lock_file(instance)  # validates the name
+        state = Path(tempfile.mkdtemp(prefix=f"topodra-cluster-{instance}-"))
+        state.rmdir()  # ``up`` refuses a foreign non-empty dir; let it create its own
+        return cls(state_dir=state, ports=Ports.free())
+
+    @classmethod
+    def attach(cls, state_dir: Path) -> Cluster:
+        """The cluster recorded in ``state_dir`` (its ports from cluster.json; the fixed ones if none)."""
+        c = cls(state_dir=state_dir)
+        recorded = c.meta().get("ports")
+        if isinstance(recorded, dict):
+            c.ports = Ports(**recorded)
+        return c
 
     @property
     def pki(self) -> Path:
@@ -398,7 +462,7 @@ class Cluster:
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"https://127.0.0.1:6443{path}", data=data, method=method,
+        req = urllib.request.Request(f"https://127.0.0.1:{self.ports.apiserver}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json",
                                               "Accept": "application/json"})
         with urllib.request.urlopen(req, context=self._ssl(), timeout=timeout) as r:
@@ -438,7 +502,7 @@ class Cluster:
 
     def _https_ok(self, port: int, path: str) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-        if port != 6443:
+        if port != self.ports.apiserver:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         else:
@@ -463,7 +527,8 @@ class Cluster:
         comps = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
         if node:
             comps.append("kubelet")
-        busy = [f"127.0.0.1:{p} ({c}) is in use by {h}" for c in comps for p in PORTS[c]
+        ports = self.ports.by_component()
+        busy = [f"127.0.0.1:{p} ({c}) is in use by {h}" for c in comps for p in ports[c]
                 if (h := port_holder(p))]
         if busy:
             raise ClusterError("ports needed by the cluster are in use:\n  " + "\n  ".join(busy))
@@ -479,6 +544,9 @@ class Cluster:
         """Start the cluster. ``scheduler_config`` (a KubeSchedulerConfiguration without
         clientConnection) and ``scheduler_extender`` (a prioritize-only extender URL) shape kube-scheduler."""
         t0 = time.monotonic()
+        if node and not self.ports.is_default:
+            raise ClusterError("a cluster on private ports cannot run a node: the kubelet's ports, "
+                               f"{KUBELET_ROOT} and containerd's state are host-wide (use fake nodes)")
         if scheduler_config is not None or scheduler_extender:
             # Fail on a bad config before anything starts.
             scheduler_configuration(scheduler_config, Path("kubeconfig"), scheduler_extender)
@@ -486,7 +554,7 @@ class Cluster:
         self.preflight(node)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._save({"pids": {}, "bin_dir": str(bins), "node": node, "node_name": self.node_name,
-                    "started": time.time()})
+                    "started": time.time(), "ports": dataclasses.asdict(self.ports)})
         try:
             self._up_control_plane(bins, scheduler_config, scheduler_extender)
             log(f"control plane ready in {time.monotonic() - t0:.1f}s")
@@ -506,19 +574,21 @@ class Cluster:
                           scheduler_extender: str | None = None) -> None:
         _pki(self.pki, self.node_name)
         for ident in ("admin", "kube-controller-manager", "kube-scheduler", "node"):
-            _kubeconfig(self.state_dir / f"{ident}.kubeconfig", self.pki, ident)
+            _kubeconfig(self.state_dir / f"{ident}.kubeconfig", self.pki, ident, self.ports.apiserver)
         p = self.pki
+        etcd = f"http://127.0.0.1:{self.ports.etcd}"
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
         self.start_process("etcd", [
             str(bins / "etcd"), "--name=topodra", f"--data-dir={self.state_dir / 'etcd'}",
-            "--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
-            "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-            "--initial-cluster=topodra=http://127.0.0.1:2380", "--listen-metrics-urls=",
+            f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=topodra={peer}", "--listen-metrics-urls=",
             "--unsafe-no-fsync=true", "--log-level=warn"])
-        self._wait("etcd", lambda: urllib.request.urlopen("http://127.0.0.1:2379/health", timeout=2)
+        self._wait("etcd", lambda: urllib.request.urlopen(f"{etcd}/health", timeout=2)
                    .status == 200, 60)
         self.start_process("kube-apiserver", [
             str(bins / "kube-apiserver"),
-            "--etcd-servers=http://127.0.0.1:2379", "--bind-address=127.0.0.1", "--secure-port=6443",
+            f"--etcd-servers={etcd}", "--bind-address=127.0.0.1", f"--secure-port={self.ports.apiserver}",
             "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
             f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}",
@@ -532,10 +602,10 @@ class Cluster:
             f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
             "--allow-privileged=true", "--storage-media-type=application/vnd.kubernetes.protobuf",
             "--profiling=false", "--v=1"])
-        self._wait("kube-apiserver", lambda: self._https_ok(6443, "/readyz"), 120)
+        self._wait("kube-apiserver", lambda: self._https_ok(self.ports.apiserver, "/readyz"), 120)
         common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "--v=1"]
         self.start_process("kube-controller-manager", [
-            str(bins / "kube-controller-manager"), *common,
+            str(bins / "kube-controller-manager"), *common, f"--secure-port={self.ports.controller_manager}",
             f"--kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
             f"--authentication-kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
             f"--authorization-kubeconfig={self.state_dir / 'kube-controller-manager.kubeconfig'}",
@@ -545,8 +615,8 @@ class Cluster:
             # node lifecycle controller still removes the not-ready taint as on a real cluster.
             "--node-monitor-grace-period=8760h", "--controllers=*"])
         self._start_scheduler(bins, scheduler_config, scheduler_extender)
-        self._wait("kube-controller-manager", lambda: self._https_ok(10257, "/healthz"), 90)
-        self._wait("kube-scheduler", lambda: self._https_ok(10259, "/healthz"), 90)
+        self._wait("kube-controller-manager", lambda: self._https_ok(self.ports.controller_manager, "/healthz"), 90)
+        self._wait("kube-scheduler", lambda: self._https_ok(self.ports.scheduler, "/healthz"), 90)
         # The default namespace's ServiceAccount shows the controller-manager is really working.
         self._wait("kube-controller-manager", lambda: bool(
             self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default")), 60)
@@ -556,7 +626,8 @@ class Cluster:
     def _start_scheduler(self, bins: Path, scheduler_config: dict[str, Any] | None,
                          scheduler_extender: str | None) -> None:
         kubeconfig = self.state_dir / "kube-scheduler.kubeconfig"
-        argv = [str(bins / "kube-scheduler"), "--bind-address=127.0.0.1", "--profiling=false", "--v=1",
+        argv = [str(bins / "kube-scheduler"), "--bind-address=127.0.0.1", f"--secure-port={self.ports.scheduler}",
+                "--profiling=false", "--v=1",
                 f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}"]
         meta = self.meta()
         if scheduler_config is None and not scheduler_extender:
@@ -582,11 +653,11 @@ class Cluster:
         if pid:
             self._stop("kube-scheduler", pid)
         self._start_scheduler(Path(self.meta()["bin_dir"]), scheduler_config, scheduler_extender)
-        self._wait("kube-scheduler", lambda: self._https_ok(10259, "/healthz"), 90)
+        self._wait("kube-scheduler", lambda: self._https_ok(self.ports.scheduler, "/healthz"), 90)
 
     def scheduler_metrics(self, timeout: float = 10) -> str:
         """kube-scheduler's Prometheus text (e.g. ``scheduler_pending_pods``), read as the admin."""
-        with urllib.request.urlopen("https://127.0.0.1:10259/metrics", context=self._scheduler_ssl(),
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.ports.scheduler}/metrics", context=self._scheduler_ssl(),
                                     timeout=timeout) as r:
             return str(r.read().decode())
 
@@ -667,8 +738,8 @@ state = "{self.containerd_state}"
         (KUBELET_ROOT / ".topodra-cluster").write_text(str(self.state_dir))
         (self.state_dir / "kubelet.yaml").write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": "127.0.0.1", "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
-            "readOnlyPort": 0, "port": 10250,
+            "address": "127.0.0.1", "healthzBindAddress": "127.0.0.1", "healthzPort": KUBELET_PORTS[1],
+            "readOnlyPort": 0, "port": KUBELET_PORTS[0],
             "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
             "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False, "oomScoreAdj": 0,
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
@@ -740,8 +811,9 @@ state = "{self.containerd_state}"
                 if e.code != 409:
                     raise
             data = json.dumps(fake_node_status(name)).encode()
-            req = urllib.request.Request(f"https://127.0.0.1:6443/api/v1/nodes/{name}/status", data=data,
-                                         method="PATCH", headers={"Content-Type": "application/merge-patch+json"})
+            url = f"https://127.0.0.1:{self.ports.apiserver}/api/v1/nodes/{name}/status"
+            req = urllib.request.Request(url, data=data, method="PATCH",
+                                         headers={"Content-Type": "application/merge-patch+json"})
             with urllib.request.urlopen(req, context=self._ssl(), timeout=10):
                 pass
         log(f"fake nodes Ready: {', '.join(names)}")
@@ -755,8 +827,11 @@ state = "{self.containerd_state}"
                 log("nothing to stop")
             return
         pids: dict[str, int] = meta.get("pids") or {}
+        # A cluster on private ports never runs a node: containerd's shims, the kubelet's mounts,
+        # /etc/hosts, sysctls and kubepods cgroups are host-wide and may belong to the shared cluster.
+        host_node = meta.get("ports") is None or Ports(**meta["ports"]).is_default
         # Pods first: shims and container processes were started on containerd's behalf.
-        ctd_procs = procs_matching(f"-address {self.containerd_sock}") if self.containerd_sock else set()
+        ctd_procs = procs_matching(f"-address {self.containerd_sock}") if host_node else set()
         order = ["kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "containerd", "etcd"]
         for name in order:
             pid = pids.get(name)
@@ -769,13 +844,14 @@ state = "{self.containerd_state}"
         for name, pid in pids.items():
             if name not in order and pid_alive(pid):
                 self._stop(name, pid)
-        self._unmount()
-        for key, value in (meta.get("sysctls") or {}).items():
-            with contextlib.suppress(OSError):
-                Path("/proc/sys", key).write_text(value)
-        self._remove_hosts_entry()
-        self._remove_cgroups()
-        if meta.get("node"):
+        if host_node:
+            self._unmount()
+            for key, value in (meta.get("sysctls") or {}).items():
+                with contextlib.suppress(OSError):
+                    Path("/proc/sys", key).write_text(value)
+            self._remove_hosts_entry()
+            self._remove_cgroups()
+        if meta.get("node") and host_node:
             marker = KUBELET_ROOT / ".topodra-cluster"
             if marker.exists():
                 shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
@@ -881,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     fk = sub.add_parser("fake-nodes", help="add kubelet-less Ready nodes to a running cluster")
     fk.add_argument("names", nargs="+")
     args = p.parse_args(argv)
-    c = Cluster()
+    c = Cluster.attach(default_state_dir())
     try:
         if args.cmd == "up":
             sched_cfg = None

@@ -1,0 +1,89 @@
+"""Benchmarks run on a private cluster instance (own state, own free ports, own lock), so they never
+hold the shared fixed-port cluster's lock that every test session waits for."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import localcluster
+import pytest
+from conftest import ClusterHandle
+
+
+def test_private_ports_are_free_distinct_and_off_the_fixed_ones() -> None:
+    fixed = {p for ports in localcluster.PORTS.values() for p in ports}
+    for _ in range(20):
+        ports = localcluster.Ports.free()
+        got = list(ports.by_component().items())
+        control = [p for comp, ps in got if comp != "kubelet" for p in ps]
+        assert len(set(control)) == 5
+        lo, hi = localcluster.FREE_PORT_RANGE
+        assert all(lo <= p < hi for p in control)
+        assert not set(control) & fixed
+        assert not ports.is_default
+    assert localcluster.Ports().is_default
+
+
+def test_private_cluster_refuses_a_node_before_starting_anything() -> None:
+    lc = localcluster.Cluster.private("pytest-refuse")
+    with pytest.raises(localcluster.ClusterError, match="cannot run a node"):
+        lc.up(node=True, build=False)
+    assert not lc.state_dir.exists()
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a b", "x/y"])
+def test_instance_names_are_checked(bad: str) -> None:
+    with pytest.raises(localcluster.ClusterError, match="instance name"):
+        localcluster.instance_lock_file(bad)
+    with pytest.raises(localcluster.ClusterError, match="instance name"):
+        localcluster.Cluster.private(bad)
+
+
+def test_attach_reads_the_recorded_ports(tmp_path: Path) -> None:
+    ports = localcluster.Ports.free()
+    lc = localcluster.Cluster(state_dir=tmp_path, ports=ports)
+    lc._save({"pids": {}, "ports": {"etcd": ports.etcd, "etcd_peer": ports.etcd_peer, "apiserver": ports.apiserver,
+                                    "controller_manager": ports.controller_manager, "scheduler": ports.scheduler}})
+    assert localcluster.Cluster.attach(tmp_path).ports == ports
+    assert localcluster.Cluster.attach(tmp_path / "none").ports.is_default
+
+
+def test_instance_lock_is_not_the_shared_lock_and_excludes_a_second_holder() -> None:
+    path = localcluster.instance_lock_file("pytest-lock")
+    assert path != localcluster.CLUSTER_LOCK_FILE
+    with localcluster.cluster_lock(5, path):
+        t0 = time.monotonic()
+        # flock locks belong to the open file description: a second open waits like another process
+        with pytest.raises(localcluster.ClusterError, match="still held"), localcluster.cluster_lock(1, path):
+            pass
+        assert time.monotonic() - t0 >= 0.9
+
+
+@pytest.mark.cluster
+def test_private_cluster_runs_beside_the_shared_one_and_leaves_it_alone(cluster: ClusterHandle) -> None:
+    """While the session's fixed-port cluster runs, a private instance comes up on its own ports,
+    schedules on its own nodes, restarts its scheduler, and goes down without touching the shared one."""
+    lc = localcluster.Cluster.private("pytest-private")
+    with localcluster.cluster_lock(600, localcluster.instance_lock_file("pytest-private")):
+        try:
+            lc.up(build=False)
+            meta = json.loads(lc.meta_path.read_text())
+            assert meta["ports"]["apiserver"] == lc.ports.apiserver
+            cfg = json.loads(lc.admin_kubeconfig.read_text())
+            assert cfg["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{lc.ports.apiserver}"
+            lc.create_fake_nodes(["private-only-0"])
+            names = {n["metadata"]["name"] for n in lc.api("GET", "/api/v1/nodes")["items"]}
+            assert names == {"private-only-0"}
+            assert cluster.kube.get("/api/v1/nodes/private-only-0") is None
+            lc.restart_scheduler(None, None)
+            assert "scheduler_pending_pods" in lc.scheduler_metrics()
+            pids = dict(lc.running())
+            assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+        finally:
+            lc.down(quiet=True)
+    assert not lc.state_dir.exists()
+    assert not any(localcluster.pid_alive(p) for p in pids.values())
+    # the shared cluster still answers
+    assert cluster.kube.request("GET", "/api/v1/namespaces/default")["metadata"]["name"] == "default"
