@@ -27,9 +27,7 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
-	MYPYPATH=driver:tests:hack:hack/images:bench $(VENV)/bin/mypy tests hack/localcluster.py hack/pluginproc.py hack/demo.py \
-		hack/gen_manifests.py hack/images/topodra_image.py hack/images/mkoci.py \
-		bench/prepare_bench.py bench/import_rss.py bench/simulate_bench.py
+	MYPYPATH=driver:tests:hack:hack/images:bench $(VENV)/bin/mypy tests $(wildcard hack/*.py hack/images/*.py bench/*.py)
 
 test: venv bins lint typecheck
 	$(VENV)/bin/pytest -q -ra --durations=15 tests
