@@ -223,6 +223,33 @@ def test_polled_gpu_faults(node: MockNode) -> None:
         src.close()
 
 
+def test_nvlink_down_before_start_is_found_from_the_domain_peers(node: MockNode) -> None:
+    """A link already down at start was never seen up: the other GPUs on the NVSwitch have it up."""
+    node.gpu(3, nvlinksDown=[5, 6])
+    src = node.source()
+    src.open()
+    try:
+        assert kinds(src.poll()) == {("gpu-3", "nvlink-down", "5,6")}
+        node.gpu(3, nvlinksDown=[5])  # one link comes back
+        assert kinds(src.poll()) == {("gpu-3", "nvlink-down", "5")}
+        node.gpu(3)
+        assert src.poll() == []
+    finally:
+        src.close()
+
+
+def test_only_a_minority_missing_a_link_is_down(node: MockNode) -> None:
+    """Links that most peers lack (not wired on this system) are not expected of anyone."""
+    for i in range(5):  # 5 of 8 GPUs lack link 17: it is not counted as expected for the other 3
+        node.gpu(i, nvlinksDown=[17])
+    src = node.source()
+    src.open()
+    try:
+        assert src.poll() == []
+    finally:
+        src.close()
+
+
 def test_lost_gpu_fails_rediscovery_so_its_devices_stay(node: MockNode) -> None:
     """A GPU lost at run time makes discovery fail (NVML says so) instead of silently dropping the device."""
     node.gpu(1, lost=True)

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ class GpuTarget:
     nvlink_domain: str | None
     handle: Any = None
     links_seen_up: set[int] = field(default_factory=set)  # links ever active: only those can go "down"
+    links_up_now: set[int] | None = None  # at the last poll; None: not read (no domain, GPU lost)
 
 
 @dataclass(frozen=True)
@@ -185,10 +187,36 @@ class NodeHealthSource:
     def poll(self) -> list[Observation]:
         out: list[Observation] = []
         for g in self.gpus:
+            g.links_up_now = None
             if self._initialized:
                 out.extend(self._poll_gpu(g))
+        out.extend(self._nvlinks_down())
         for n in self.nics:
             out.extend(self._poll_nic(n))
+        return out
+
+    def _nvlinks_down(self) -> list[Observation]:
+        """Links down now: ones seen up before, and ones the GPU's NVLink-domain peers have up.
+
+        The second rule catches a link that was already down when the plugin started: NVML answers
+        DISABLED both for a failed link and for a link that is not wired, so only the peers (NVSwitch
+        GPUs, or the two GPUs of a bridge pair, use the same link indices) tell which ought to be up.
+        A link counts as expected when more than half of the other GPUs of the domain have it up.
+        """
+        domains: dict[str, list[GpuTarget]] = {}
+        for g in self.gpus:
+            if g.nvlink_domain is not None and g.links_up_now is not None:
+                domains.setdefault(g.nvlink_domain, []).append(g)
+        out: list[Observation] = []
+        for members in domains.values():
+            for g in members:
+                assert g.links_up_now is not None
+                peers = [m.links_up_now for m in members if m is not g and m.links_up_now is not None]
+                votes = Counter(link for up in peers for link in up)
+                expected = {link for link, n in votes.items() if 2 * n > len(peers)}
+                down = (g.links_seen_up | expected) - g.links_up_now
+                if down:
+                    out.append(Observation(g.name, "nvlink-down", ",".join(map(str, sorted(down)))))
         return out
 
     def _poll_gpu(self, g: GpuTarget) -> list[Observation]:
@@ -206,11 +234,10 @@ class NodeHealthSource:
             if names:
                 out.append(Observation(g.name, "throttle", ".".join(names)))
         if g.nvlink_domain is not None:
-            down = self._links_down(g)
-            if down is None:
+            up = self._links_up(g)
+            if up is None:
                 return [Observation(g.name, "gpu-lost")]
-            if down:
-                out.append(Observation(g.name, "nvlink-down", ",".join(map(str, down))))
+            g.links_up_now = up
         return out
 
     def _gone(self, g: GpuTarget) -> bool:
@@ -234,10 +261,10 @@ class NodeHealthSource:
                 raise
         return None
 
-    def _links_down(self, g: GpuTarget) -> list[int] | None:
-        """Links seen active before that are not active now; None when the GPU is lost."""
+    def _links_up(self, g: GpuTarget) -> set[int] | None:
+        """Links active now (remembered in ``links_seen_up``); None when the GPU is lost."""
         enabled = int(getattr(self.nvml, "NVML_FEATURE_ENABLED", 1))
-        down: list[int] = []
+        up: set[int] = set()
         for link in range(int(getattr(self.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
             try:
                 state = int(self.nvml.nvmlDeviceGetNvLinkState(g.handle, link))
@@ -248,10 +275,9 @@ class NodeHealthSource:
                     break
                 continue
             if state == enabled:
-                g.links_seen_up.add(link)
-            elif link in g.links_seen_up:
-                down.append(link)
-        return down
+                up.add(link)
+        g.links_seen_up |= up
+        return up
 
     def _poll_nic(self, n: NicTarget) -> list[Observation]:
         ports_dir = self.sysfs.path(f"sys/class/infiniband/{n.rdma}/ports")
