@@ -88,8 +88,23 @@ def catalog(driver: str = DEFAULT_DRIVER_NAME) -> list[ClassSpec]:
     return specs
 
 
+def extended_resource_name(spec: ClassSpec, driver: str = DEFAULT_DRIVER_NAME) -> str | None:
+    """The DRA-backed extended resource (KEP-5004) a pod may request instead of a claim.
+
+    Generic class -> ``<driver>/gpu``; model class ``gpu-h200`` -> ``<driver>/h200``.  Only these
+    kinds get one: they are what quota systems (ResourceQuota, Kueue flavors) count.  Memory and
+    architecture classes keep the implicit ``deviceclass.resource.kubernetes.io/<class>`` name.
+    """
+    if spec.kind == "generic":
+        return f"{driver}/gpu"
+    if spec.kind == "model":
+        return f"{driver}/{spec.name.removeprefix('gpu-')}"
+    return None
+
+
 def to_device_class(spec: ClassSpec, driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
     """A ``resource.k8s.io/v1`` DeviceClass object for one catalog entry."""
+    ext = extended_resource_name(spec, driver)
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -101,7 +116,8 @@ def to_device_class(spec: ClassSpec, driver: str = DEFAULT_DRIVER_NAME) -> dict[
                 "topodra.io/description": spec.description,
             },
         },
-        "spec": {"selectors": [{"cel": {"expression": spec.match.to_cel(driver)}}]},
+        "spec": {"selectors": [{"cel": {"expression": spec.match.to_cel(driver)}}],
+                 **({"extendedResourceName": ext} if ext else {})},
     }
 
 
