@@ -291,3 +291,50 @@ def test_closed_form_fragments_equal_the_search() -> None:
                 assert unusable(v, used, m) == unusable_by_search(v, used, m), (node, sorted(used), m.label())
                 checked += 1
     assert checked == 4 * 25 * len(classes)
+
+
+def _h200_then_h100(count: int) -> dict[str, object]:
+    return {"devices": {"requests": [{"name": "gpus", "firstAvailable": [
+        {"name": "h200", "deviceClassName": "gpu-h200", "count": count},
+        {"name": "h100", "deviceClassName": "gpu-h100", "count": count}]}],
+        "constraints": [{"requests": ["gpus"], "matchAttribute": NVLINK}]}}
+
+
+def test_first_choice_outranks_packing() -> None:
+    # The H100 node has one GPU left: packing alone would fill it (2nd choice) rather than break
+    # the whole free H200 server (1st choice). The claim's preference comes first.
+    st = state({"h200": "dgx-h200", "h100": "dgx-h100"})
+    hold(st, "h100", [f"gpu-{i}" for i in range(7)])
+    assert scores(st, _h200_then_h100(1), ["h200", "h100"]) == {"h200": 10, "h100": 1}
+    # Without the preference (any GPU) the same state packs onto the H100 node.
+    assert scores(st, gpus(1), ["h200", "h100"]) == {"h200": 1, "h100": 10}
+
+
+def test_fragmentation_ranks_nodes_within_the_best_available_choice() -> None:
+    # H200 servers: one started (7 free), one free -> FGD packs onto the started one; the H100
+    # node only offers the 2nd choice and stays below both.
+    st = state({"h200a": "dgx-h200", "h200b": "dgx-h200", "h100": "dgx-h100"})
+    hold(st, "h200a", ["gpu-0"])
+    hold(st, "h100", [f"gpu-{i}" for i in range(7)])
+    got = scores(st, _h200_then_h100(1), ["h200a", "h200b", "h100"])
+    assert got["h200a"] == 10 and got["h100"] == 1 and 1 <= got["h200b"] < 10
+    # No H200 free anywhere: the 2nd choice is the best there is, and FGD ranks its nodes.
+    st2 = state({"h100a": "dgx-h100", "h100b": "dgx-h100", "a100": "dgx-a100-80gb"})
+    hold(st2, "h100a", ["gpu-0"])
+    assert scores(st2, _h200_then_h100(1), ["h100a", "h100b", "a100"]) == {"h100a": 10, "h100b": 1, "a100": 0}
+
+
+def test_place_ranked_reports_the_alternative_taken() -> None:
+    from topodra.placement.score import place_ranked
+
+    st = state({"h200": "dgx-h200", "h100": "dgx-h100"})
+    d = parse_demand(_h200_then_h100(2))
+    for node, rank in (("h200", (0,)), ("h100", (1,))):
+        v = st.node_view(node)
+        assert v is not None
+        got = place_ranked(v, frozenset(), [d])
+        assert got is not None and got[1] == rank
+    v = st.node_view("h200")
+    assert v is not None
+    two = place_ranked(v, frozenset(), [d, parse_demand(gpus(1))])
+    assert two is not None and two[1] == (0, 0) and len(two[0]) == 3

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any, Protocol
 
+from topodra.placement.cel import Selector, qualified_capacity, recognise
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 Obj = dict[str, Any]
@@ -42,7 +44,8 @@ class Alternative:
     name: str  # "req" for exactly, "req/sub" for a subrequest (as constraints name them)
     device_class: str  # ANY_GPU for the prior's classes
     count: int  # devices; 0 means allocationMode All
-    has_selectors: bool = False  # request-level CEL selectors: not evaluated (see docs/placement.md)
+    selectors: tuple[Selector, ...] = ()  # request-level CEL selectors the scorer evaluates (placement.cel)
+    ignored_selectors: int = 0  # request-level CEL selectors outside that subset: treated as matching
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,17 @@ class Demand:
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...] = ()
 
+    @property
+    def has_selectors(self) -> bool:
+        return any(a.selectors for r in self.requests for a in r.alternatives)
+
+    def without_selectors(self) -> Demand:
+        """The same demand judged by DeviceClasses only (how it enters the request mix)."""
+        if not self.has_selectors:
+            return self
+        return Demand(requests=tuple(Request(r.name, tuple(replace(a, selectors=()) for a in r.alternatives))
+                                     for r in self.requests), constraints=self.constraints)
+
     def label(self) -> str:
         """Short human form for logs and metrics, e.g. ``8xgpu.topodra.io|nvlinkDomain``."""
         parts = []
@@ -93,7 +107,16 @@ def _alternative(name: str, body: Obj) -> Alternative:
         count = raw
     else:
         raise DemandError(f"request {name!r} has an unknown allocationMode {mode!r}")
-    return Alternative(name=name, device_class=cls, count=count, has_selectors=bool(body.get("selectors")))
+    known: list[Selector] = []
+    ignored = 0
+    for sel in body.get("selectors") or []:
+        expr = ((sel or {}).get("cel") or {}).get("expression")
+        got = recognise(expr) if isinstance(expr, str) else None
+        if got is None:
+            ignored += 1
+        else:
+            known.append(got)
+    return Alternative(name=name, device_class=cls, count=count, selectors=tuple(known), ignored_selectors=ignored)
 
 
 def parse_demand(spec: Obj) -> Demand:
@@ -130,6 +153,8 @@ class DeviceView:
     gpu: bool  # a full GPU of the driver: what fragmentation counts
     classes: frozenset[str]  # DeviceClasses (with a match annotation) that select it
     attrs: Mapping[str, Any]  # fully qualified attribute name -> plain value
+    capacity: Mapping[str, Decimal] = field(default_factory=dict)  # fully qualified name -> value
+    driver: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,15 +178,39 @@ def qualified_attributes(device: Obj, driver: str) -> dict[str, Any]:
     return out
 
 
-def class_matcher(obj: Obj) -> DeviceMatch | None:
-    """The predicate of a DeviceClass, from its ``topodra.io/match`` annotation; None for a foreign class."""
+class DevicePredicate(Protocol):
+    def matches(self, device: dict[str, Any], driver: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CelClass:
+    """A DeviceClass without our annotation whose CEL selectors are all in ``placement.cel``'s subset."""
+
+    selectors: tuple[Selector, ...]
+
+    def matches(self, device: dict[str, Any], driver: str) -> bool:
+        attrs = qualified_attributes(device, driver)
+        caps = qualified_capacity(device, driver)
+        return all(s.matches(driver, attrs, caps) for s in self.selectors)
+
+
+def class_matcher(obj: Obj) -> DevicePredicate | None:
+    """The predicate of a DeviceClass: its ``topodra.io/match`` annotation, else its CEL selectors when
+    the scorer can evaluate every one of them; None (matches nothing) for any other class."""
     text = ((obj.get("metadata") or {}).get("annotations") or {}).get(MATCH_ANNOTATION)
-    if not text:
-        return None
-    try:
-        return DeviceMatch.from_annotation(text)
-    except ValueError:
-        return None
+    if text:
+        try:
+            return DeviceMatch.from_annotation(text)
+        except ValueError:
+            return None
+    selectors = []
+    for sel in (obj.get("spec") or {}).get("selectors") or []:
+        expr = ((sel or {}).get("cel") or {}).get("expression")
+        got = recognise(expr) if isinstance(expr, str) else None
+        if got is None:
+            return None
+        selectors.append(got)
+    return CelClass(tuple(selectors))
 
 
 def _shape_key(devices: Iterable[DeviceView]) -> tuple[Any, ...]:
@@ -224,7 +273,7 @@ class ClusterState:
         self.driver = driver
         self.window = window
         self.slices: dict[str, Obj] = {}
-        self.classes: dict[str, DeviceMatch | None] = {}
+        self.classes: dict[str, DevicePredicate | None] = {}
         self.nodes: set[str] = set()
         self.claims: dict[tuple[str, str], ClaimInfo] = {}
         self.templates: dict[tuple[str, str], Demand | None] = {}
@@ -387,7 +436,8 @@ class ClusterState:
                                     if m is not None and m.matches(dev, self.driver))
                 devices.append(DeviceView(key=(pool, str(dev.get("name", ""))),
                                           gpu=attrs.get(f"{self.driver}/type") == "gpu",
-                                          classes=classes, attrs=attrs))
+                                          classes=classes, attrs=attrs,
+                                          capacity=qualified_capacity(dev, self.driver), driver=self.driver))
         shape = self._shapes.setdefault(_shape_key(devices), len(self._shapes))
         view = NodeView(name=node, devices=tuple(devices), shape=shape,
                         index={d.key: i for i, d in enumerate(devices)})

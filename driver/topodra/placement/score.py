@@ -15,9 +15,14 @@ For a pod and a candidate node n:
    goes where ``delta_n = F_n(after) - F_n(before)`` is smallest.  Ties (and only
    ties, by a 1e-4 weight) go to the node left with fewer free GPUs (best fit).
 
-Scores are ``1 + 9 * (c_max - c_n) / (c_max - c_min)`` rounded (the best node 10, the
-worst that fits 1), 10 for all when the costs are equal, and 0 where the claims do not
-fit in our view: a low score, never a veto.  Results are memoised per (node shape, devices in use, ...),
+The claim's own preference comes first: ``place`` also says which ``firstAvailable``
+alternative each request would get on n (its *rank*, 0 = first choice), and ranks
+compare lexicographically before fragmentation.  Only the nodes of the best rank any
+candidate offers are scored by ``delta_n``: ``1 + 9 * (c_max - c_n) / (c_max - c_min)``
+rounded (the best node 10, the worst of them 1; 10 for all when the costs are equal).
+Every node that fits only with a worse rank gets 1, so packing never pulls a job onto
+its 2nd choice while its 1st is placeable elsewhere. 0 where the claims do not fit in
+our view: a low score, never a veto.  Results are memoised per (node shape, devices in use, ...),
 so 500 nodes in a few distinct states cost a few placements, not 500.
 """
 
@@ -94,6 +99,7 @@ def make_mix(prior: Mapping[int, float], prior_weight: float, observed: Mapping[
         if known_classes is not None and not all(
                 a.device_class in known_classes for r in demand.requests for a in r.alternatives):
             continue
+        demand = demand.without_selectors()  # fragments are memoised per node shape (see selector_mask)
         weights[demand] = weights.get(demand, 0.0) + n
     total = sum(weights.values())
     if total <= 0:
@@ -109,12 +115,29 @@ class _OutOfBudget(Exception):
 
 
 def _matches(alt: Alternative, d: DeviceView) -> bool:
-    return d.gpu if alt.device_class == ANY_GPU else alt.device_class in d.classes
+    if not (d.gpu if alt.device_class == ANY_GPU else alt.device_class in d.classes):
+        return False
+    return all(s.matches(d.driver, d.attrs, d.capacity) for s in alt.selectors)
 
 
-def _place_one(devices: Sequence[DeviceView], taken: set[int], demand: Demand, budget: list[int]) -> bool:
-    """Allocate ``demand`` into ``taken`` (mutated) like the scheduler's allocator; False if it cannot."""
+def selector_mask(view: NodeView, demands: Sequence[Demand]) -> bytes:
+    """Which devices of the node pass each claim-level selector of the demands (empty when none).
+
+    Node shapes ignore attribute *values*, which claim selectors may test: results memoised per
+    shape are only shared between nodes with the same mask."""
+    sels = [s for dm in demands for r in dm.requests for a in r.alternatives for s in a.selectors]
+    if not sels:
+        return b""
+    return bytes(s.matches(d.driver, d.attrs, d.capacity) for s in sels for d in view.devices)
+
+
+def _place_one(devices: Sequence[DeviceView], taken: set[int], demand: Demand, budget: list[int],
+               ranks: list[int] | None = None) -> bool:
+    """Allocate ``demand`` into ``taken`` (mutated) like the scheduler's allocator; False if it cannot.
+
+    On success ``ranks`` (when given) gets, per request, the index of the alternative used."""
     cons = demand.constraints
+    chosen = [0] * len(demand.requests)
     values: list[Any] = [_UNSET] * len(cons)
 
     def compatible(d: DeviceView, active: Sequence[int]) -> bool:
@@ -152,7 +175,8 @@ def _place_one(devices: Sequence[DeviceView], taken: set[int], demand: Demand, b
         if r == len(demand.requests):
             return True
         req = demand.requests[r]
-        for alt in req.alternatives:
+        for ai, alt in enumerate(req.alternatives):
+            chosen[r] = ai
             active = [c for c, k in enumerate(cons) if k.applies(req.name, alt.name)]
             cands = [i for i, d in enumerate(devices) if i not in taken and _matches(alt, d)]
             if alt.count == 0:  # allocationMode All: every matching device, constraints over all of them
@@ -177,21 +201,36 @@ def _place_one(devices: Sequence[DeviceView], taken: set[int], demand: Demand, b
                 return True
         return False
 
-    return request(0)
+    ok = request(0)
+    if ok and ranks is not None:
+        ranks.extend(chosen)
+    return ok
+
+
+Rank = tuple[int, ...]  # the alternative each request of a pod's claims gets; lower is preferred
+
+
+def place_ranked(view: NodeView, used: frozenset[int], demands: Sequence[Demand],
+                 budget: int = SEARCH_BUDGET) -> tuple[frozenset[int], Rank] | None:
+    """Devices in use after the demands are allocated on the node (claims in order) and which
+    alternative each request took (0 = its first choice), or None when they do not fit."""
+    taken = set(used)
+    steps = [budget]
+    ranks: list[int] = []
+    try:
+        for demand in demands:
+            if not _place_one(view.devices, taken, demand, steps, ranks):
+                return None
+    except _OutOfBudget:
+        return None
+    return frozenset(taken), tuple(ranks)
 
 
 def place(view: NodeView, used: frozenset[int], demands: Sequence[Demand],
           budget: int = SEARCH_BUDGET) -> frozenset[int] | None:
     """Devices in use after the demands are allocated on the node (claims in order), or None."""
-    taken = set(used)
-    steps = [budget]
-    try:
-        for demand in demands:
-            if not _place_one(view.devices, taken, demand, steps):
-                return None
-    except _OutOfBudget:
-        return None
-    return frozenset(taken)
+    got = place_ranked(view, used, demands, budget)
+    return None if got is None else got[0]
 
 
 def free_gpus(view: NodeView, used: frozenset[int]) -> int:
@@ -262,7 +301,8 @@ class Scorer:
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._place: dict[tuple[int, frozenset[int], tuple[Demand, ...]], frozenset[int] | None] = {}
+        self._place: dict[tuple[int, bytes, frozenset[int], tuple[Demand, ...]],
+                          tuple[frozenset[int], Rank] | None] = {}
         self._unusable: dict[tuple[int, frozenset[int], int], int] = {}
         self._ids: dict[Demand, int] = {}  # demands hash recursively: look them up once per call
         self._max = max_entries
@@ -273,10 +313,11 @@ class Scorer:
             self._unusable.clear()
             self._ids.clear()
 
-    def placement(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...]) -> frozenset[int] | None:
-        key = (view.shape, used, demands)
+    def placement(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...],
+                  mask: bytes | None = None) -> tuple[frozenset[int], Rank] | None:
+        key = (view.shape, selector_mask(view, demands) if mask is None else mask, used, demands)
         if key not in self._place:
-            self._place[key] = place(view, used, demands)
+            self._place[key] = place_ranked(view, used, demands)
         return self._place[key]
 
     def _classes(self, mix: Mix) -> list[tuple[int, Demand, float]]:
@@ -301,14 +342,17 @@ class Scorer:
         return total
 
     def cost(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...], mix: Mix,
-             classes: list[tuple[int, Demand, float]] | None = None) -> float | None:
-        """delta F of placing the pod here (plus the best-fit tie-break), or None when it does not fit."""
-        after = self.placement(view, used, demands)
-        if after is None:
+             classes: list[tuple[int, Demand, float]] | None = None,
+             mask: bytes | None = None) -> tuple[Rank, float] | None:
+        """(rank of the alternatives taken, delta F of placing the pod here plus the best-fit
+        tie-break), or None when it does not fit."""
+        got = self.placement(view, used, demands, mask)
+        if got is None:
             return None
+        after, rank = got
         classes = classes if classes is not None else self._classes(mix)
         delta = self.fragmentation(view, after, mix, classes) - self.fragmentation(view, used, mix, classes)
-        return delta + BEST_FIT_WEIGHT * free_gpus(view, after)
+        return rank, delta + BEST_FIT_WEIGHT * free_gpus(view, after)
 
     def score(self, candidates: Sequence[tuple[str, NodeView | None, frozenset[int]]],
               demands: Sequence[Demand], mix: Mix) -> list[tuple[str, int]]:
@@ -318,26 +362,32 @@ class Scorer:
             return [(name, 0) for name, _v, _u in candidates]  # nothing of ours: no opinion
         key = tuple(demands)
         classes = self._classes(mix)
-        memo: dict[tuple[int, frozenset[int]], float | None] = {}
-        costs: list[float | None] = []
+        memo: dict[tuple[int, bytes, frozenset[int]], tuple[Rank, float] | None] = {}
+        costs: list[tuple[Rank, float] | None] = []
+        with_selectors = any(d.has_selectors for d in key)
         for _name, view, used in candidates:
             if view is None:
                 costs.append(None)
                 continue
-            k = (view.shape, used)
+            mask = selector_mask(view, key) if with_selectors else b""
+            k = (view.shape, mask, used)
             if k not in memo:
-                memo[k] = self.cost(view, used, key, mix, classes)
+                memo[k] = self.cost(view, used, key, mix, classes, mask)
             costs.append(memo[k])
         fitting = [c for c in costs if c is not None]
         if not fitting:
             return [(name, 0) for name, _v, _u in candidates]
-        lo, hi = min(fitting), max(fitting)
+        best = min(rank for rank, _c in fitting)
+        top = [c for rank, c in fitting if rank == best]
+        lo, hi = min(top), max(top)
         out = []
-        for (name, _v, _u), c in zip(candidates, costs, strict=True):
-            if c is None:
+        for (name, _v, _u), rc in zip(candidates, costs, strict=True):
+            if rc is None:
                 out.append((name, 0))
+            elif rc[0] != best:
+                out.append((name, 1))  # fits, but only with a less preferred alternative
             elif hi - lo < 1e-12:
                 out.append((name, MAX_SCORE))
             else:
-                out.append((name, 1 + round((MAX_SCORE - 1) * (hi - c) / (hi - lo))))
+                out.append((name, 1 + round((MAX_SCORE - 1) * (hi - rc[1]) / (hi - lo))))
         return out
