@@ -338,3 +338,22 @@ def test_place_ranked_reports_the_alternative_taken() -> None:
     assert v is not None
     two = place_ranked(v, frozenset(), [d, parse_demand(gpus(1))])
     assert two is not None and two[1] == (0, 0) and len(two[0]) == 3
+
+
+def test_mix_is_rebuilt_only_when_claims_arrive_or_are_forgotten() -> None:
+    st = state({"a": "dgx-h100"})
+    v0 = st.mix_version
+    st.set_claim(claim("x", gpus(2, nvlink=True)))
+    st.set_claim(claim("y", gpus(2, nvlink=True)))
+    assert st.mix_version == v0 + 2
+    mix = st.observed_mix()
+    assert list(mix.values()) == [2]
+    st.set_claim(claim("x", gpus(2, nvlink=True), allocated=[("a", "gpu-0"), ("a", "gpu-1")]))  # status update
+    assert st.mix_version == v0 + 2 and st.observed_mix() == mix
+    # equal specs share one Demand object (memo lookups hit by identity)
+    dx, dy = st.claims[("ns", "x")].demand, st.claims[("ns", "y")].demand
+    assert dx is dy and hash(dx) == hash(parse_demand(gpus(2, nvlink=True)))
+    st.delete_claim("ns", "y", forget=True)
+    assert st.mix_version == v0 + 3 and list(st.observed_mix().values()) == [1]
+    st.delete_claim("ns", "x")  # deleted, not forgotten: stays in the history
+    assert st.mix_version == v0 + 3 and list(st.observed_mix().values()) == [1]

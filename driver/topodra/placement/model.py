@@ -71,6 +71,14 @@ class Demand:
 
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...] = ()
+    # Demands key every memo and the request mix: hash once, not recursively per lookup.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.requests, self.constraints)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def has_selectors(self) -> bool:
@@ -278,6 +286,9 @@ class ClusterState:
         self.claims: dict[tuple[str, str], ClaimInfo] = {}
         self.templates: dict[tuple[str, str], Demand | None] = {}
         self.recent: OrderedDict[str, tuple[str, Demand]] = OrderedDict()  # uid -> (created, demand)
+        self.mix_version = 0  # bumped whenever ``recent`` changes (lets callers reuse a mix)
+        self._mix: tuple[int, dict[Demand, int]] | None = None
+        self._interned: dict[Demand, Demand] = {}  # one object per distinct demand: dict hits by identity
         self.used: dict[DeviceKey, int] = {}
         self._slices_by_node: dict[str, set[str]] = {}
         self._pool_node: dict[str, str] = {}
@@ -337,15 +348,24 @@ class ClusterState:
     def set_claim(self, obj: Obj) -> None:
         key = _key(obj)
         self.delete_claim(*key, forget=False)
-        info = _claim_info(obj, self.driver)
+        info = self._intern(_claim_info(obj, self.driver))
         self.claims[key] = info
         for k in info.allocated:
             self.used[k] = self.used.get(k, 0) + 1
         self._claim_touched(info)
         if info.demand is not None and info.uid and info.uid not in self.recent and self.window:
             self.recent[info.uid] = (info.created, info.demand)
+            self.mix_version += 1
             while len(self.recent) > self.window:
                 self.recent.popitem(last=False)
+
+    def _intern(self, info: ClaimInfo) -> ClaimInfo:
+        if info.demand is None:
+            return info
+        if len(self._interned) > 10_000:
+            self._interned.clear()
+        demand = self._interned.setdefault(info.demand, info.demand)
+        return info if demand is info.demand else replace(info, demand=demand)
 
     def delete_claim(self, namespace: str, name: str, forget: bool = False) -> None:
         """Drop a claim's devices from use. It stays in the mix (history) unless ``forget``."""
@@ -359,8 +379,8 @@ class ClusterState:
             else:
                 self.used.pop(k, None)
         self._claim_touched(info)
-        if forget:
-            self.recent.pop(info.uid, None)
+        if forget and self.recent.pop(info.uid, None) is not None:
+            self.mix_version += 1
 
     def set_template(self, obj: Obj) -> None:
         try:
@@ -400,6 +420,7 @@ class ClusterState:
             # Claims deleted while we were not watching still count as history, oldest first.
             merged = sorted({**history, **self.recent}.items(), key=lambda kv: kv[1][0])
             self.recent = OrderedDict(merged[-self.window:] if self.window else [])
+            self.mix_version += 1
         elif kind == "templates":
             self.templates.clear()
             for o in items:
@@ -486,11 +507,13 @@ class ClusterState:
         return out
 
     def observed_mix(self) -> dict[Demand, int]:
-        """How often each demand occurred among the last ``window`` claims."""
-        counts: dict[Demand, int] = {}
-        for _created, demand in self.recent.values():
-            counts[demand] = counts.get(demand, 0) + 1
-        return counts
+        """How often each demand occurred among the last ``window`` claims (counted once per change)."""
+        if self._mix is None or self._mix[0] != self.mix_version:
+            counts: dict[Demand, int] = {}
+            for _created, demand in self.recent.values():
+                counts[demand] = counts.get(demand, 0) + 1
+            self._mix = (self.mix_version, counts)
+        return dict(self._mix[1])
 
     def sizes(self) -> dict[str, int]:
         return {"slices": len(self.slices), "nodes": len(self.nodes), "claims": len(self.claims),

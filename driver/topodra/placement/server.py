@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from topodra.placement.cache import Cache
-from topodra.placement.score import Scorer, make_mix
+from topodra.placement.score import Mix, Scorer, make_mix
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,9 @@ class Placement:
         self.prior = dict(prior)
         self.prior_weight = prior_weight
         self.scorer = Scorer()
+        # The request mix changes only when a claim arrives or the classes change: build it then,
+        # not on every call (hashing 200 recent claims per call was most of a call's time).
+        self._mix: tuple[tuple[int, frozenset[str]], Mix] | None = None
         self.registry = registry or CollectorRegistry()
         self.latency = Histogram("topodra_placement_prioritize_duration_seconds",
                                  "Time to answer one prioritize call (parsing, scoring, encoding).",
@@ -99,7 +102,10 @@ class Placement:
             state = self.cache.state
             demands = state.pod_demands(pod)
             known = frozenset(k for k, m in state.classes.items() if m is not None)
-            mix = make_mix(self.prior, self.prior_weight, state.observed_mix(), state.driver, known)
+            if self._mix is None or self._mix[0] != (state.mix_version, known):
+                mix = make_mix(self.prior, self.prior_weight, state.observed_mix(), state.driver, known)
+                self._mix = ((state.mix_version, known), mix)
+            mix = self._mix[1]
             cands = []
             for n in names:
                 view = state.node_view(n)
