@@ -145,6 +145,7 @@ def test_health_and_metrics(served: tuple[str, Placement]) -> None:
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
         text = r.read().decode()
     assert 'topodra_placement_prioritize_duration_seconds_count 1.0' in text
+    assert 'topodra_placement_prioritize_cpu_seconds_count 1.0' in text
     assert 'topodra_placement_cache_objects{kind="slices"} 3.0' in text
     assert 'topodra_placement_prioritize_total{result="ok"} 1.0' in text
 
