@@ -66,7 +66,8 @@ def destination(obj: dict[str, Any]) -> Path | None:
     if kind in ("Deployment", "PriorityClass"):
         return Path("controller/deployment.yaml")
     if kind.startswith("ValidatingAdmissionPolicy"):
-        return Path("admission/plugin-own-node-slices.yaml")
+        labels_policy = isinstance(meta, dict) and str(meta.get("name", "")).endswith("-own-node-labels")
+        return Path("admission", "plugin-own-node-labels.yaml" if labels_policy else "plugin-own-node-slices.yaml")
     if kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         return Path("rbac/kubelet-plugin.yaml" if component == "kubelet-plugin" else "rbac/controller.yaml")
     return None

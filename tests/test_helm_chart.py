@@ -201,7 +201,7 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(cluster: ClusterHandl
     objs = [o for o, _ in gen_manifests.split(text)
             if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
                              "ValidatingAdmissionPolicyBinding")]
-    assert len(objs) == 5
+    assert len(objs) == 7  # + the own-node-labels policy and binding (tests/test_nodelabels_plugin.py)
     manifest = "\n---\n".join(yaml.safe_dump(o) for o in objs)
     nc.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
     created: list[str] = []

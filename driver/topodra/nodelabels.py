@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from topodra.devices import Device
 
@@ -28,14 +28,18 @@ GPU_COUNT = PREFIX + "gpu-count"
 NVLINK_CLIQUE = PREFIX + "nvlink-clique"
 RAIL_GROUP = PREFIX + "rail-group"
 SCALABLE_UNIT = PREFIX + "scalable-unit"
-MANAGED = (GPU_MODEL, GPU_COUNT, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT)
+# Read from the hardware by discovery: always ours to set and to remove.
+DISCOVERED = (GPU_MODEL, GPU_COUNT, NVLINK_CLIQUE)
+# Given by the admin (cabling is not visible from the node): ours only where the admin gives them to us.
+CONFIGURED = (RAIL_GROUP, SCALABLE_UNIT)
+MANAGED = DISCOVERED + CONFIGURED
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def label_value(text: str) -> str:
     """``text`` as a valid label value: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
     v = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
-    if not _VALUE.match(v):
+    if not v or not _VALUE.match(v):
         raise ValueError(f"cannot make a label value of {text!r}")
     return v
 
@@ -64,11 +68,18 @@ def node_labels(devices: Iterable[Device], *, scalable_unit: str | None = None,
     return out
 
 
-def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
-    """Merge-patch ``metadata.labels``: set what differs, delete (None) managed labels no longer wanted."""
-    unknown = set(wanted) - set(MANAGED)
+def label_patch(current: Mapping[str, str], wanted: Mapping[str, str],
+                managed: Collection[str] = MANAGED) -> dict[str, str | None]:
+    """Merge-patch ``metadata.labels``: set what differs, delete (None) ``managed`` labels no longer wanted.
+
+    ``managed`` (a subset of MANAGED) is what the caller owns: a label outside it is never removed, so a
+    scalable unit an admin set by hand survives a writer that was not told the unit.
+    """
+    unknown = (set(wanted) | set(managed)) - set(MANAGED)
     if unknown:
         raise ValueError(f"not a topodra node label: {sorted(unknown)}")
+    if set(wanted) - set(managed):
+        raise ValueError(f"wanted labels outside the managed ones: {sorted(set(wanted) - set(managed))}")
     patch: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
-    patch.update({k: None for k in MANAGED if k in current and k not in wanted})
+    patch.update({k: None for k in managed if k in current and k not in wanted})
     return patch

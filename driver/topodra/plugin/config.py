@@ -76,7 +76,12 @@ FLAGS: tuple[Flag, ...] = (
          "(default 300)", "SECONDS"),
     Flag("health_poll_interval", "seconds between polls of GPU/NVLink/NIC state; NVML events arrive at once "
          "(default 5)", "SECONDS"),
+    Flag("node_labels", "true: keep this node's topodra.io/ labels (gpu-model, gpu-count, nvlink-clique; "
+         "scalable-unit and rail-group from --hardware-config's scalableUnit/railGroup) in sync with discovery; "
+         "false: never write the Node (default true)", "BOOL"),
 )
+# Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
+NODE_LABEL_KEYS = {"scalableUnit": "scalable_unit", "railGroup": "rail_group"}
 
 
 class PluginConfig(BaseModel):
@@ -102,6 +107,7 @@ class PluginConfig(BaseModel):
     quarantine_corrupt_checkpoint: bool = False
     health_hold_seconds: float = Field(default=300.0, ge=0)
     health_poll_interval: float = Field(default=5.0, gt=0)
+    node_labels: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -143,7 +149,28 @@ class PluginConfig(BaseModel):
         return v
 
     def hardware_overrides(self) -> dict[str, Any] | None:
-        """The parsed --hardware-config file, or None; a clear ConfigError when unusable."""
+        """The --hardware-config file's discovery overrides, or None; a clear ConfigError when unusable."""
+        data = self._hardware_config_file()
+        return None if data is None else {k: v for k, v in data.items() if k not in NODE_LABEL_KEYS}
+
+    def topology_labels(self) -> dict[str, str] | None:
+        """``scalable_unit`` / ``rail_group`` from --hardware-config; None without a file (then the plugin
+        leaves those labels to the admin)."""
+        data = self._hardware_config_file()
+        if data is None:
+            return None
+        out: dict[str, str] = {}
+        for key, name in NODE_LABEL_KEYS.items():
+            value = data.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
+                raise ConfigError(f"--hardware-config {self.hardware_config}: {key} must be a non-empty "
+                                  f"string, got {value!r}")
+            out[name] = str(value)
+        return out
+
+    def _hardware_config_file(self) -> dict[str, Any] | None:
         if self.hardware_config is None:
             return None
         try:

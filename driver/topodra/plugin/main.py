@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from topodra.inventory import Inventory
     from topodra.observe import Observer
     from topodra.plugin.device_health import DeviceHealthBoard
+    from topodra.plugin.nodelabel import NodeLabeler
     from topodra.plugin.server import PluginServer
     from topodra.publisher import SlicePublisher
     from topodra.state import DeviceState
@@ -60,6 +61,7 @@ class Plugin:
         self.board: DeviceHealthBoard | None = None
         self.publisher: SlicePublisher | None = None
         self.monitor: HealthMonitor | None = None
+        self.labeler: NodeLabeler | None = None
         self._rediscover = threading.Event()
         self._stopping = threading.Event()
 
@@ -88,6 +90,12 @@ class Plugin:
         except Exception as e:
             log.error("re-discovery failed node=%s, keeping the previous devices: %s", self.cfg.node_name, e)
             return
+        if self.labeler is not None:  # the admin's scalable unit / rail group may have changed with the file
+            try:
+                self.labeler.topology_changed(self.cfg.topology_labels())
+            except ConfigError as e:
+                log.error("node labels node=%s: keeping the previous scalable unit / rail group: %s",
+                          self.cfg.node_name, e)
         old = {d.name for d in self.inventory.devices}
         if not self.inventory.set(devices):
             log.debug("re-discovery node=%s: no change", self.cfg.node_name)
@@ -108,6 +116,7 @@ class Plugin:
         from topodra.plugin.cleanup import CleanupLoop
         from topodra.plugin.device_health import DeviceHealthBoard
         from topodra.plugin.health import ProbeServer, all_of, answers
+        from topodra.plugin.nodelabel import NodeLabeler
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
         from topodra.slices import published_taints
@@ -161,6 +170,13 @@ class Plugin:
             self.publisher = publisher
             monitor.start()
             stack.callback(monitor.stop)
+
+            if cfg.node_labels:  # after the publisher: a Node that cannot be labelled must not delay serving
+                labeler = NodeLabeler(kube, cfg.node_name, cfg.topology_labels(), on_result=metrics.node_labels_result)
+                inventory.subscribe(labeler.devices_changed)
+                labeler.start()
+                stack.callback(labeler.stop)
+                self.labeler = labeler
 
             if cfg.metrics_port:
                 try:

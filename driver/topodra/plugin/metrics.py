@@ -69,6 +69,22 @@ HEALTH_STREAMS = Gauge(
     "topodra_plugin_health_streams",
     "Open NodeWatchResources streams (kubelet device-health watches).",
 )
+NODE_LABELS_SYNCED = Gauge(
+    "topodra_plugin_node_labels_synced",
+    "1 when the last attempt to sync this Node's topodra.io/ labels succeeded, 0 after a failure or before "
+    "the first attempt.",
+)
+NODE_LABEL_FAILURES = Counter(
+    "topodra_plugin_node_label_failures",
+    "Failed attempts to read or patch this Node's topodra.io/ labels (each is retried with backoff).",
+)
+
+
+def node_labels_result(ok: bool) -> None:
+    """``NodeLabeler`` on_result: one sync attempt finished."""
+    NODE_LABELS_SYNCED.set(1 if ok else 0)
+    if not ok:
+        NODE_LABEL_FAILURES.inc()
 
 
 class MetricsObserver:

@@ -1,0 +1,234 @@
+"""The kubelet plugin labelling its own Node (``topodra.plugin.nodelabel``) and the admission policy that
+keeps it to that Node and to ``topodra.io/`` labels.
+
+Pure: what is wanted, the merge patch, the backoff, the admin's topology from --hardware-config.
+Real apiserver: ``NodeLabeler`` retries while its Node is missing and labels it once it exists, follows a
+device change, removes only its own stale labels; the chart's policy, with a real pod-bound token, lets the
+plugin label its own node and denies another node, a foreign label and a Node spec change with clear messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gen_manifests
+import pytest
+import yaml
+from conftest import ClusterHandle, wait_for
+
+from topodra.apipaths import node_path
+from topodra.hardware import load_backend
+from topodra.nodelabels import GPU_COUNT, GPU_MODEL, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
+from topodra.plugin import config as plugin_config
+from topodra.plugin.config import ConfigError
+from topodra.plugin.nodelabel import LabelError, NodeLabeler, backoff, node_patch, wanted_labels
+
+Obj = dict[str, Any]
+
+
+def devices(profile: str = "dgx-h100", **overrides: Any) -> Any:
+    return tuple(load_backend(f"mock:{profile}", "n", overrides=overrides or None).discover())
+
+
+def node(labels: Mapping[str, str]) -> Obj:
+    return {"metadata": {"name": "n", "labels": dict(labels)}}
+
+
+# --------------------------------------------------------------------------- pure
+
+
+def test_patch_sets_discovered_labels_and_leaves_others_alone() -> None:
+    wanted = wanted_labels(devices(), None)
+    assert wanted.labels == {GPU_COUNT: "8", GPU_MODEL: "H100-SXM5-80GB"}
+    current = {"kubernetes.io/hostname": "n", "team": "a", GPU_COUNT: "7", NVLINK_CLIQUE: "u.1",
+               SCALABLE_UNIT: "su1", "topodra.io/kubelet-plugin": "true"}
+    patch = node_patch(node(current), wanted)
+    # Count fixed, model added, stale clique removed; the hand-set unit, our plugin selector and others stay.
+    assert patch == {"metadata": {"labels": {GPU_COUNT: "8", GPU_MODEL: "H100-SXM5-80GB", NVLINK_CLIQUE: None}}}
+    assert node_patch(node({**wanted.labels, NVLINK_CLIQUE: "u.1"}), wanted) == {
+        "metadata": {"labels": {NVLINK_CLIQUE: None}}}
+    assert node_patch(node({"team": "a", **wanted.labels}), wanted) is None
+    assert node_patch({"metadata": {"name": "n"}}, wanted) == {"metadata": {"labels": dict(wanted.labels)}}
+
+
+def test_admin_topology_is_owned_only_when_configured() -> None:
+    current = {GPU_COUNT: "8", GPU_MODEL: "H100-SXM5-80GB", SCALABLE_UNIT: "su1", RAIL_GROUP: "rg-a"}
+    with_unit = wanted_labels(devices(), {"scalable_unit": "su 2"})
+    assert node_patch(node(current), with_unit) == {"metadata": {"labels": {SCALABLE_UNIT: "su-2",
+                                                                            RAIL_GROUP: None}}}
+    # A config file without the keys: the plugin owns them and removes what it no longer configures.
+    assert node_patch(node(current), wanted_labels(devices(), {})) == {
+        "metadata": {"labels": {SCALABLE_UNIT: None, RAIL_GROUP: None}}}
+    with pytest.raises(ValueError, match="label value"):
+        wanted_labels(devices(), {"scalable_unit": "///"})
+
+
+def test_a_gpu_lost_and_a_fabric_change_follow_discovery() -> None:
+    assert wanted_labels(devices(hideGpus=[2]), None).labels[GPU_COUNT] == "7"
+    tray = wanted_labels(devices("gb200-nvl72"), None).labels
+    assert tray[GPU_MODEL] == "GB200" and tray[GPU_COUNT] == "4" and "." in tray[NVLINK_CLIQUE]
+    moved = wanted_labels(devices("gb200-nvl72", cliqueId=9), None)
+    assert node_patch(node(tray), moved) == {"metadata": {"labels": {NVLINK_CLIQUE: moved.labels[NVLINK_CLIQUE]}}}
+
+
+def test_backoff_doubles_to_a_cap_with_bounded_jitter() -> None:
+    assert [backoff(n, jitter=0) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff(40, jitter=0) == 300.0
+    assert all(0.8 * 4 <= backoff(3) <= 4 for _ in range(100))
+
+
+def cfg_with(tmp_path: Path, text: str | None, **env: str) -> plugin_config.PluginConfig:
+    if text is not None:
+        (tmp_path / "hw.yaml").write_text(text)
+        env["TOPODRA_HARDWARE_CONFIG"] = str(tmp_path / "hw.yaml")
+    return plugin_config.from_args(argparse.Namespace(), {"NODE_NAME": "n", **env})
+
+
+def test_topology_comes_from_the_hardware_config_and_is_not_a_discovery_override(tmp_path: Path) -> None:
+    cfg = cfg_with(tmp_path, "scalableUnit: su1\nrailGroup: 3\nrails: {mlx5_0: 1}\n")
+    assert cfg.topology_labels() == {"scalable_unit": "su1", "rail_group": "3"}
+    assert cfg.hardware_overrides() == {"rails": {"mlx5_0": 1}}
+    load_backend("mock:dgx-h100", "n", overrides=cfg.hardware_overrides())  # discovery accepts what is left
+    assert cfg.node_labels is True
+    assert cfg_with(tmp_path, None).topology_labels() is None
+    assert cfg_with(tmp_path, None, TOPODRA_NODE_LABELS="false").node_labels is False
+    with pytest.raises(ConfigError, match="scalableUnit must be a non-empty string"):
+        cfg_with(tmp_path, "scalableUnit: {a: 1}\n").topology_labels()
+    with pytest.raises(ConfigError, match="TOPODRA_NODE_LABELS"):
+        cfg_with(tmp_path, None, TOPODRA_NODE_LABELS="maybe")
+
+
+# --------------------------------------------------------------------------- the real apiserver
+
+
+def labels_of(cluster: ClusterHandle, name: str) -> dict[str, str]:
+    got = cluster.kube.get(node_path(name))
+    return dict(((got or {}).get("metadata") or {}).get("labels") or {})
+
+
+@pytest.mark.cluster
+def test_labeler_retries_until_its_node_exists_then_keeps_labels_in_sync(cluster: ClusterHandle) -> None:
+    name = f"lbl-{uuid.uuid4().hex[:6]}"
+    results: list[bool] = []
+    labeler = NodeLabeler(cluster.kube, name, {"scalable_unit": "su7"}, on_result=results.append,
+                          resync_seconds=0.5, backoff_base=0.05, backoff_cap=0.2)
+    labeler.devices_changed(devices())
+    with pytest.raises(LabelError, match=f"node {name} does not exist"):
+        labeler.sync()
+    labeler.start()
+    try:
+        wait_for(lambda: results.count(False) >= 3 and labeler.failures >= 3, 30, "retries while the Node is missing")
+        assert True not in results
+        cluster.fake_nodes([name], {"team": "a", NVLINK_CLIQUE: "stale.1", RAIL_GROUP: "rg-old"})
+
+        def synced(want: dict[str, str]) -> dict[str, str] | None:
+            have = labels_of(cluster, name)
+            return have if all(have.get(k) == v for k, v in want.items()) else None
+
+        want = {GPU_COUNT: "8", GPU_MODEL: "H100-SXM5-80GB", SCALABLE_UNIT: "su7", "team": "a"}
+        have = wait_for(lambda: synced(want), 30, "labels once the Node exists")
+        # The admin's rail group is ours (the plugin has a topology) and no longer configured: removed.
+        assert NVLINK_CLIQUE not in have and RAIL_GROUP not in have, have
+        assert results[-1] is True and labeler.failures == 0
+        labeler.devices_changed(devices(hideGpus=[0, 1]))  # two GPUs fell off the bus
+        wait_for(lambda: synced({GPU_COUNT: "6", "team": "a"}), 30, "gpu-count following the devices")
+        labeler.topology_changed({"scalable_unit": "su8", "rail_group": "r2"})
+        wait_for(lambda: synced({SCALABLE_UNIT: "su8", RAIL_GROUP: "r2"}), 30, "the admin's new topology")
+        cluster.kube.merge_patch(node_path(name), {"metadata": {"labels": {GPU_COUNT: "99", "team": "b"}}})
+        wait_for(lambda: synced({GPU_COUNT: "6", "team": "b"}), 30, "a resync repairing an edit by someone else")
+    finally:
+        labeler.stop()
+        cluster.kube.delete(node_path(name))
+
+
+def _as_token(token: str, method: str, path: str, body: Obj, ca: Path) -> tuple[int, Obj]:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    req = urllib.request.Request(f"https://127.0.0.1:6443{path}", method=method, data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/merge-patch+json"})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def label(key: str, value: str | None) -> Obj:
+    return {"metadata": {"labels": {key: value}}}
+
+
+@pytest.mark.cluster
+def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(cluster: ClusterHandle) -> None:
+    """The chart's RBAC + policies for a throwaway ServiceAccount; writes with a real pod-bound token."""
+    nc = cluster
+    ns = nc.namespace("vapn")
+    sa = f"vapn-plugin-{uuid.uuid4().hex[:6]}"
+    here, there = f"vapn-a-{uuid.uuid4().hex[:5]}", f"vapn-b-{uuid.uuid4().hex[:5]}"
+    text = gen_manifests.render([f"serviceAccounts.plugin={sa}", "controller.enabled=false",
+                                 "plugin.hardware=mock:dgx-h100"], namespace=ns)
+    objs = [o for o, _ in gen_manifests.split(text)
+            if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                             "ValidatingAdmissionPolicyBinding")]
+    assert sum(o["metadata"]["name"].endswith("-own-node-labels") for o in objs) == 2
+    nc.kubectl("apply", "-n", ns, "-f", "-", input="\n---\n".join(yaml.safe_dump(o) for o in objs))
+    try:
+        nc.fake_nodes([here, there], {"team": "a"})
+        pod = nc.kube.create(f"/api/v1/namespaces/{ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin"},
+            "spec": {"serviceAccountName": sa, "nodeName": here, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never"}]}})
+        tr = nc.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                "kind": "Pod", "apiVersion": "v1", "name": "plugin", "uid": pod["metadata"]["uid"]}}})
+        bound = tr["status"]["token"]
+        unbound = nc.kubectl("create", "token", sa, "-n", ns, "--duration=1h").strip()
+        ca = nc.lc.pki / "ca.crt"
+
+        def denied() -> Obj | None:  # the apiserver loads new policies asynchronously
+            code, body = _as_token(bound, "PATCH", node_path(there), label(GPU_COUNT, "8"), ca)
+            if code == 200:
+                nc.kube.merge_patch(node_path(there), label(GPU_COUNT, None))
+                return None
+            assert code == 403, (code, body.get("message"))
+            return body
+        body = wait_for(denied, 60, "the ValidatingAdmissionPolicy to deny labelling another node")
+        print(f"\ndenial shown to the plugin labelling node {there} from node {here}:\n  {body['message']}")
+        assert f"on node '{here}' may only label that node, not '{there}'" in body["message"]
+        assert GPU_COUNT not in labels_of(nc, there)
+
+        code, body = _as_token(bound, "PATCH", node_path(here), label(GPU_COUNT, "8"), ca)
+        assert code == 200, body
+        assert labels_of(nc, here)[GPU_COUNT] == "8"
+        code, body = _as_token(bound, "PATCH", node_path(here), label(GPU_COUNT, None), ca)
+        assert code == 200 and GPU_COUNT not in labels_of(nc, here), body
+
+        for patch, message in (
+                (label("team", "b"), "may only change labels under 'topodra.io/', not: team"),
+                (label("team", None), "not: team"),
+                (label("node-role.kubernetes.io/gpu", ""), "not: node-role.kubernetes.io/gpu"),
+                ({"spec": {"unschedulable": True}}, "not its spec (taints, unschedulable)"),
+                ({"metadata": {"annotations": {"x": "y"}}}, "annotations")):
+            code, body = _as_token(bound, "PATCH", node_path(here), patch, ca)
+            assert code == 403 and message in body["message"], (patch, code, body.get("message"))
+        assert labels_of(nc, here)["team"] == "a"
+        assert not (nc.kube.get(node_path(here)) or {}).get("spec", {}).get("unschedulable")
+
+        code, body = _as_token(unbound, "PATCH", node_path(here), label(GPU_COUNT, "8"), ca)
+        assert code == 403 and "no node association found" in body["message"], body
+    finally:
+        for o in objs:
+            if "namespace" not in o["metadata"]:
+                nc.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found", check=False)
+        nc.kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/plugin", {"gracePeriodSeconds": 0})
+        for n in (here, there):
+            nc.kube.delete(node_path(n))
+        nc.kube.delete(f"/api/v1/namespaces/{ns}")
