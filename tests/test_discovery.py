@@ -37,7 +37,9 @@ NIC_REQUIRED = {
 # profile -> (gpus, model, architecture, cc, migCapable, memory, nvlink domain sizes, compute NICs)
 EXPECTED: dict[str, tuple[int, str, str, str, bool, str, set[int] | None, int]] = {
     "dgx-a100-80gb": (8, "A100-SXM4-80GB", "ampere", "8.0.0", True, "80Gi", {8}, 8),
+    "dgx-a100-80gb-mig": (8, "A100-SXM4-80GB", "ampere", "8.0.0", True, "80Gi", {8}, 8),
     "dgx-h100": (8, "H100-SXM5-80GB", "hopper", "9.0.0", True, "81559Mi", {8}, 8),
+    "dgx-h100-mig": (8, "H100-SXM5-80GB", "hopper", "9.0.0", True, "81559Mi", {8}, 8),
     "dgx-h200": (8, "H200-SXM5-141GB", "hopper", "9.0.0", True, "143771Mi", {8}, 8),
     "hgx-b200": (8, "B200-SXM6-180GB", "blackwell", "10.0.0", True, "183359Mi", {8}, 8),
     "gb200-nvl72": (4, "GB200", "blackwell", "10.0.0", True, "189471Mi", {72}, 4),

@@ -72,12 +72,16 @@ class Device(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="DNS label, unique in the node's pool, e.g. gpu-0 or nic-3")
-    kind: Literal["gpu", "nic"]
+    kind: Literal["gpu", "nic", "mig"]
     # Published: keys are unqualified for our driver's domain, or fully qualified
     # (e.g. resource.kubernetes.io/pcieRoot) for cross-driver standard attributes.
     attributes: dict[str, AttributeValue] = Field(default_factory=dict)
     # Published capacity, as Kubernetes quantity strings (e.g. "80Gi").
     capacity: dict[str, str] = Field(default_factory=dict)
+    # Partitionable devices (topodra.sharing): counter sets this device owns (published in their own
+    # slices) and counter set -> counter -> amount this device consumes when allocated.
+    shared_counters: dict[str, dict[str, str]] = Field(default_factory=dict)
+    consumes_counters: dict[str, dict[str, str]] = Field(default_factory=dict)
     # Private, used only at prepare time.
     uuid: str = ""
     device_nodes: tuple[str, ...] = ()

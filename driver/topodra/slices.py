@@ -3,7 +3,10 @@
 One pool per node, named after the node.  Devices are ordered deterministically
 (GPUs before NICs, then by index) and split into slices of at most 128 devices
 (64 when a device uses taints or counters), each carrying the pool's generation
-and the total slice count, so the scheduler sees a consistent pool.
+and the total slice count, so the scheduler sees a consistent pool.  Counter
+sets of partitionable devices (MIG, topodra.sharing) go in slices of their own,
+at most 8 per slice, ahead of the device slices: the API allows a slice either
+``sharedCounters`` or ``devices``, never both.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from topodra.health.policy import DeviceTaint
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_ADVANCED = 64
-_KIND_ORDER = {"gpu": 0, "nic": 1}
+MAX_COUNTER_SETS_PER_SLICE = 8
+_KIND_ORDER = {"gpu": 0, "mig": 0, "nic": 1}
 _NUM = re.compile(r"(\d+)")
 
 
@@ -33,6 +37,11 @@ def device_to_api(d: Device, taints: Sequence[DeviceTaint] = ()) -> dict[str, An
         out["attributes"] = {k: v.to_api() for k, v in sorted(d.attributes.items())}
     if d.capacity:
         out["capacity"] = {k: {"value": v} for k, v in sorted(d.capacity.items())}
+    if d.consumes_counters:
+        out["consumesCounters"] = [
+            {"counterSet": cs, "counters": {k: {"value": v} for k, v in sorted(c.items())}}
+            for cs, c in sorted(d.consumes_counters.items())
+        ]
     if taints:
         out["taints"] = [t.to_api() for t in taints]
     return out
@@ -52,13 +61,29 @@ def build_slices(driver_name: str, node_name: str, node_uid: str | None,
     if dupes:
         raise ValueError(f"duplicate device names in pool {node_name}: {dupes}")
     ordered = sorted(devices, key=device_sort_key)
-    # The API allows fewer devices per slice once any of them is tainted.
-    per_slice = MAX_DEVICES_PER_SLICE_ADVANCED if any(d.name in taints for d in ordered) else MAX_DEVICES_PER_SLICE
-    chunks = [ordered[i:i + per_slice] for i in range(0, len(ordered), per_slice)] or [[]]
+    counter_sets = [(n, c) for d in ordered for n, c in sorted(d.shared_counters.items())]
+    set_names = [n for n, _ in counter_sets]
+    if len(set(set_names)) != len(set_names):
+        raise ValueError(f"duplicate counter set names in pool {node_name}")
+    unknown = sorted({cs for d in ordered for cs in d.consumes_counters} - set(set_names))
+    if unknown:
+        raise ValueError(f"devices in pool {node_name} consume undeclared counter sets {unknown}")
+    # The API allows fewer devices per slice once any of them is tainted or consumes counters.
+    advanced = any(d.name in taints or d.consumes_counters for d in ordered)
+    per_slice = MAX_DEVICES_PER_SLICE_ADVANCED if advanced else MAX_DEVICES_PER_SLICE
+    counter_chunks = [counter_sets[i:i + MAX_COUNTER_SETS_PER_SLICE]
+                      for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+    device_chunks = [ordered[i:i + per_slice] for i in range(0, len(ordered), per_slice)] or [[]]
+    n_slices = len(counter_chunks) + len(device_chunks)
     owner = ([{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}]
              if node_uid else [])
+    bodies: list[dict[str, Any]] = [
+        {"sharedCounters": [{"name": n, "counters": {k: {"value": v} for k, v in sorted(c.items())}}
+                            for n, c in chunk]}
+        for chunk in counter_chunks
+    ] + [{"devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk]} for chunk in device_chunks]
     slices = []
-    for idx, chunk in enumerate(chunks):
+    for idx, body in enumerate(bodies):
         meta: dict[str, Any] = {"name": slice_name(node_name, driver_name, idx),
                                 "labels": {"app.kubernetes.io/managed-by": "topodra"}}
         if owner:
@@ -70,8 +95,8 @@ def build_slices(driver_name: str, node_name: str, node_uid: str | None,
             "spec": {
                 "driver": driver_name,
                 "nodeName": node_name,
-                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                "devices": [device_to_api(d, taints.get(d.name, ())) for d in chunk],
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": n_slices},
+                **body,
             },
         })
     return slices
@@ -95,7 +120,7 @@ def published_taints(slices: Iterable[dict[str, Any]]) -> dict[str, list[DeviceT
 def same_content(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
     """True when an existing slice already carries the desired spec (including pool generation)."""
     e, d = existing.get("spec", {}), desired["spec"]
-    keys = ("driver", "nodeName", "pool", "devices")
+    keys = ("driver", "nodeName", "pool", "devices", "sharedCounters")
     return all(_normalize(e.get(k)) == _normalize(d.get(k)) for k in keys)
 
 

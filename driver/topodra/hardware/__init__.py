@@ -23,7 +23,7 @@ from topodra.hardware.sysfs import Sysfs
 __all__ = ["DiscoveryConfig", "DiscoveryError", "NvmlBackend", "load_backend"]
 
 # Keys of ``overrides`` that change what mock hardware *is*, rather than how discovery reads it.
-MOCK_ONLY_KEYS = ("hideGpus", "clusterUUID", "cliqueId", "faultsFile")
+MOCK_ONLY_KEYS = ("hideGpus", "clusterUUID", "cliqueId", "faultsFile", "migStateFile")
 
 
 def load_backend(
@@ -69,9 +69,12 @@ def load_backend(
         faults = mock_keys.get("faultsFile")
         if faults is not None and not isinstance(faults, str):
             raise ValueError(f"faultsFile must be a path, got {faults!r}")
+        mig_state = mock_keys.get("migStateFile")
+        if mig_state is not None and not isinstance(mig_state, str):
+            raise ValueError(f"migStateFile must be a path, got {mig_state!r}")
         config = DiscoveryConfig.model_validate({**profile.discovery, **ov})
         return mock_backend(
             profile, node_name, config=config, hidden=frozenset(hidden), fabric=fabric, sysfs_root=sysfs_root,
-            faults_file=faults,
+            faults_file=faults, mig_state_file=mig_state,
         )
     raise ValueError(f"unknown hardware spec {spec!r}: use 'nvml', 'mock:<profile|path>' or 'replay:<path>'")

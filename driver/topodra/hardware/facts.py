@@ -60,6 +60,25 @@ class FabricFacts(BaseModel):
     api: int = Field(default=3, ge=1, le=3)
 
 
+class MigProfileFacts(BaseModel):
+    """One GPU-instance profile: nvmlDeviceGetGpuInstanceProfileInfo(V) at ``index`` + its possible placements."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    index: int = Field(ge=0)  # NVML_GPU_INSTANCE_PROFILE_* (the argument of GetGpuInstanceProfileInfo)
+    id: int = Field(ge=0)  # the profile id used by every other call
+    name: str  # e.g. "1g.10gb" (NVML answers "MIG 1g.10gb")
+    sliceCount: int = Field(ge=1)  # compute slices
+    instanceCount: int = Field(ge=1)
+    multiprocessorCount: int = Field(ge=1)
+    memorySizeMB: int = Field(ge=1)
+    copyEngineCount: int = 1
+    decoderCount: int = 0
+    encoderCount: int = 0
+    jpegCount: int = 0
+    ofaCount: int = 0
+    placements: list[tuple[int, int]]  # (start, size) in memory slices
+
+
 class GpuFacts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     uuid: str | NvmlErr
@@ -74,6 +93,7 @@ class GpuFacts(BaseModel):
     numaNodeId: int | NvmlErr = NvmlErr(error="NotSupported")
     nvlinks: list[LinkFacts] | NvmlErr = NvmlErr(error="NotSupported")
     fabric: FabricFacts | NvmlErr = NvmlErr(error="NotSupported")
+    migProfiles: list[MigProfileFacts] = Field(default_factory=list)  # answered while MIG mode is enabled
 
 
 class NvmlFacts(BaseModel):

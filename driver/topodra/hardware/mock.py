@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topodra.hardware.base import DiscoveryConfig
 from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, shared_root
+from topodra.hardware.mockmig import FakeMig, FakeMigDeviceHandle
 from topodra.hardware.mockprofile import Fabric, Profile, build_facts, build_tree
 from topodra.hardware.nvml import NvmlBackend
 from topodra.hardware.sysfs import Sysfs
@@ -108,11 +109,15 @@ class FakeEventData:
     computeInstanceId: int = 0
 
 
-class FakeNvml:
-    """A ``pynvml``-compatible object serving ``NvmlFacts`` (plus injected faults, if a file is given)."""
+class FakeNvml(FakeMig):
+    """A ``pynvml``-compatible object serving ``NvmlFacts`` (plus injected faults, if a file is given).
 
-    def __init__(self, facts: NvmlFacts, faults_file: str | None = None) -> None:
+    MIG instances (``FakeMig``) are kept in ``mig_state_file`` when given, so they outlive the process.
+    """
+
+    def __init__(self, facts: NvmlFacts, faults_file: str | None = None, mig_state_file: str | None = None) -> None:
         self.__dict__.update(_SHARED)
+        self._mig_init(mig_state_file)
         self.facts = facts
         self.init_count = 0
         self.hardware: MockHardware | None = None
@@ -238,6 +243,8 @@ class FakeNvml:
     # -- per GPU ----------------------------------------------------------------------------------
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
+        if isinstance(h, FakeMigDeviceHandle):
+            return self.mig_device_uuid(h)
         return str(self._ans(self._gpu(h).uuid))
 
     def nvmlDeviceGetName(self, h: Any) -> str:
@@ -365,12 +372,12 @@ class MockHardware:
 
     def __init__(
         self, profile: Profile, node: str, hidden: frozenset[int], fabric: Fabric, sysfs_root: str | None = None,
-        faults_file: str | None = None,
+        faults_file: str | None = None, mig_state_file: str | None = None,
     ) -> None:
         self.profile, self.node, self.fabric = profile, node, fabric
         self._own_root = sysfs_root
         self._check(hidden)
-        self.nvml = FakeNvml(build_facts(profile, node, hidden, fabric), faults_file)
+        self.nvml = FakeNvml(build_facts(profile, node, hidden, fabric), faults_file, mig_state_file)
         self.nvml.hardware = self
         self.sysfs = Sysfs(self._place(hidden))
 
@@ -415,10 +422,11 @@ def mock_backend(
     fabric: Fabric | None = None,
     sysfs_root: str | None = None,
     faults_file: str | None = None,
+    mig_state_file: str | None = None,
 ) -> NvmlBackend:
     """The real backend reading ``profile`` as ``node_name``'s hardware.
 
     Mock GPUs and NICs have no ``/dev`` nodes on this host, so the devices carry none.
     """
-    hw = MockHardware(profile, node_name, hidden, fabric or profile.fabric, sysfs_root, faults_file)
+    hw = MockHardware(profile, node_name, hidden, fabric or profile.fabric, sysfs_root, faults_file, mig_state_file)
     return NvmlBackend(node_name, nvml=hw.nvml, sysfs=hw.sysfs, config=config, host_device_nodes=False)

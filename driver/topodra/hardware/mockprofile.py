@@ -29,6 +29,7 @@ from topodra.hardware.facts import (
     FabricFacts,
     GpuFacts,
     LinkFacts,
+    MigProfileFacts,
     NvmlErr,
     NvmlFacts,
     PciFacts,
@@ -89,6 +90,8 @@ class GpuModel(_Model):
     memoryMiB: int
     pciDeviceId: int = 0
     mig: bool
+    migEnabled: bool = False  # MIG mode on (admins set it; the driver never toggles it)
+    migProfiles: list[MigProfileFacts] = Field(default_factory=list)  # GPU-instance profiles with MIG on
     nvlink: NvlinkSpec | None = None
     fabric: Literal["notSupported", "stateNotSupported", "singleNode", "multiNode"] = "notSupported"
 
@@ -132,6 +135,8 @@ class Profile(_Model):
         for p in [*self.gpus, *self.nics]:
             if p.numa != -1 and p.numa not in nodes:
                 raise ValueError(f"profile {self.name}: {p.bdf} is on unknown NUMA node {p.numa}")
+        if self.gpu.migEnabled and not (self.gpu.mig and self.gpu.migProfiles):
+            raise ValueError(f"profile {self.name}: migEnabled needs mig: true and migProfiles")
         nv = self.gpu.nvlink
         if nv is not None and nv.topology == "bridge":
             flat = sorted(i for g in nv.groups for i in g)
@@ -241,7 +246,8 @@ def build_facts(profile: Profile, node: str, hidden: frozenset[int], fabric: Fab
                 brand=g.brand,
                 architecture=g.architecture,
                 computeCapability=g.computeCapability,
-                migMode=(0, 0) if g.mig else NOT_SUPPORTED,
+                migMode=((1, 1) if g.migEnabled else (0, 0)) if g.mig else NOT_SUPPORTED,
+                migProfiles=list(g.migProfiles) if g.migEnabled else [],
                 numaNodeId=place.numa if g.fabric == "multiNode" else NOT_SUPPORTED,
                 nvlinks=nvlinks,
                 fabric=fab,

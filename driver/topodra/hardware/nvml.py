@@ -25,6 +25,7 @@ from topodra.hardware.base import DiscoveryConfig, DiscoveryError
 from topodra.hardware.nvlink import LinkPeer, fabric_domain_id, local_domain_id, local_groups
 from topodra.hardware.pairing import assign_rails, pair_gpus, select_compute_nics
 from topodra.hardware.sysfs import BDF, Sysfs
+from topodra.sharing.mig import MigProfile, partition
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,45 @@ class NvmlBackend:
                 log.warning("node %s %s: MIG mode unavailable: %s", self.node_name, label, e)
             return None
 
+    def _mig_profiles(self, h: Any, label: str) -> list[MigProfile]:
+        """GPU-instance profiles and placements of a GPU whose MIG mode is on now; [] when it is off.
+
+        The driver never toggles MIG mode; a mode change pending a GPU reset is not acted on.
+        Media-extension variants ("+me") are left out: they need engines no counter models.
+        """
+        mode = self._opt("MIG mode", label, "nvmlDeviceGetMigMode", h)
+        if mode is None or int(mode[0]) != int(getattr(self.nvml, "NVML_DEVICE_MIG_ENABLE", 1)):
+            return []
+        out: list[MigProfile] = []
+        for index in range(int(getattr(self.nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12))):
+            try:
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, index)
+            except _Absent:
+                return []
+            except self.nvml.NVMLError as e:
+                if not self._is(e, "NotSupported", "InvalidArgument"):
+                    log.warning("node %s %s: MIG profile %d unreadable: %s", self.node_name, label, index, e)
+                continue
+            raw = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+            name = raw.removeprefix("MIG ").strip()
+            if "+" in name or not re.fullmatch(r"[0-9]+g\.[0-9]+gb", name):
+                continue
+            arr = (self.nvml.c_nvmlGpuInstancePlacement_t * 16)()
+            count = ctypes.c_uint(16)
+            placements = self._opt(f"MIG {name} placements", label, "nvmlDeviceGetGpuInstancePossiblePlacements",
+                                   h, info.id, arr, ctypes.byref(count))  # fmt: skip
+            if placements is None:
+                continue
+            out.append(MigProfile(
+                name=name, profile_id=int(info.id), compute_slices=int(info.sliceCount),
+                memory_mib=int(info.memorySizeMB), multiprocessors=int(info.multiprocessorCount),
+                placements=tuple((int(arr[i].start), int(arr[i].size)) for i in range(count.value)),
+            ))  # fmt: skip
+        if not out:
+            log.warning("node %s %s: MIG mode is on but no GPU-instance profile is readable; published whole",
+                        self.node_name, label)  # fmt: skip
+        return out
+
     def _links(self, h: Any, label: str) -> tuple[list[tuple[str, int | None]], int | None]:
         """Active links as (remote BDF, remote device type or None) and the NVLink version."""
         peers: list[tuple[str, int | None]] = []
@@ -208,7 +248,8 @@ class NvmlBackend:
 
     def _read_nvml(
         self,
-    ) -> tuple[SystemInfo, list[GpuInfo], dict[str, list[tuple[str, int | None]]], dict[str, _Fabric]]:
+    ) -> tuple[SystemInfo, list[GpuInfo], dict[str, list[tuple[str, int | None]]], dict[str, _Fabric],
+               dict[str, list[MigProfile]]]:  # fmt: skip
         n = self.nvml
         try:
             n.nvmlInit()
@@ -223,6 +264,7 @@ class NvmlBackend:
             gpus: list[GpuInfo] = []
             links: dict[str, list[tuple[str, int | None]]] = {}
             fabrics: dict[str, _Fabric] = {}
+            migs: dict[str, list[MigProfile]] = {}
             for idx in range(count):
                 label = f"GPU {idx}"
                 h = self._must(f"handle of {label}", "nvmlDeviceGetHandleByIndex", idx)
@@ -255,10 +297,14 @@ class NvmlBackend:
                     )
                 )
                 links[bdf] = peers
+                if gpus[-1].mig_capable:
+                    profiles = self._mig_profiles(h, label)
+                    if profiles:
+                        migs[bdf] = profiles
                 fab = self._fabric(h, label)
                 if fab is not None:
                     fabrics[bdf] = fab
-            return sysinfo, gpus, links, fabrics
+            return sysinfo, gpus, links, fabrics, migs
         finally:
             try:
                 n.nvmlShutdown()
@@ -280,7 +326,7 @@ class NvmlBackend:
         May be called again at any time (timer, SIGHUP, a GPU fell off the bus):
         each call re-reads the hardware, and the same hardware gives an equal list.
         """
-        system, gpus, links, fabrics = self._read_nvml()
+        system, gpus, links, fabrics, migs = self._read_nvml()
         gpu_bdfs = {g.bdf for g in gpus}
         switch_type = int(getattr(self.nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
         # Without a remote type, a peer that is not one of our GPUs is taken to be a switch.
@@ -325,6 +371,9 @@ class NvmlBackend:
         names = [d.name for d in devices]
         if len(set(names)) != len(names):
             raise DiscoveryError(f"node {self.node_name}: duplicate GPU minor numbers: {names}")
+        bdf_of = {g.uuid: g.bdf for g in gpus}
+        # MIG-enabled GPUs: the whole GPU consumes a counter set that its placement devices share.
+        devices = [x for d in devices for x in (partition(d, migs[bdf_of[d.uuid]]) if bdf_of[d.uuid] in migs else [d])]
         devices.extend(
             nic_device(idx, nic, rails[nic.name], device_nodes=self.host_device_nodes)
             for idx, nic in enumerate(compute)
