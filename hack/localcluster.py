@@ -844,6 +844,10 @@ state = "{self.containerd_state}"
         for name, pid in pids.items():
             if name not in order and pid_alive(pid):
                 self._stop(name, pid)
+        if meta.get("kueue_host_dir"):
+            import localkueue
+
+            localkueue.remove_host_dir(meta)
         if host_node:
             self._unmount()
             for key, value in (meta.get("sysctls") or {}).items():
@@ -951,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run kube-scheduler with this KubeSchedulerConfiguration (without clientConnection)")
     up.add_argument("--scheduler-extender", metavar="URL", default=None,
                     help="add topodra's placement scorer at URL as a prioritize-only, ignorable extender")
+    up.add_argument("--kueue", action="store_true",
+                    help="also run Kueue's controller-manager (webhooks on 127.0.0.1:9443, see hack/localkueue.py)")
     down = sub.add_parser("down", help="stop everything this harness started and remove its state")
     down.add_argument("--keep-logs", action="store_true", help="copy component logs aside before removing state")
     sub.add_parser("status", help="say what is running")
@@ -970,6 +976,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise ClusterError(f"cannot read scheduler config {args.scheduler_config}: {e}") from None
             c.up(node=args.node, fake_nodes=args.fake_nodes, build=not args.no_build,
                  scheduler_config=sched_cfg, scheduler_extender=args.scheduler_extender)
+            if args.kueue:
+                import localkueue
+
+                try:
+                    localkueue.start(c, webhook_port=localkueue.WEBHOOK_PORT, health_port=localkueue.HEALTH_PORT)
+                except (localkueue.KueueError, ClusterError) as e:
+                    c.down(quiet=True, keep_logs=True)
+                    raise ClusterError(f"Kueue: {e}") from None
             print(f"export KUBECONFIG={c.admin_kubeconfig}")
         elif args.cmd == "down":
             c.down(keep_logs=args.keep_logs)
