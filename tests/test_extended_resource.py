@@ -22,7 +22,7 @@ from test_scheduling_topology import Scenario, one, scenario_maker
 
 from topodra import deviceclasses as dc
 from topodra.apipaths import claim_path, node_path, pod_path
-from topodra.kube import KubeError
+from topodra.kube import Kube, KubeError
 
 Obj = dict[str, Any]
 GPU = "gpu.topodra.io/gpu"
@@ -88,7 +88,7 @@ def ext_pod(name: str, resources: dict[str, int], nodes: list[str], *, node_labe
                                      "resources": {"requests": qty, "limits": qty}}]}}
 
 
-def ext_claim(kube: Any, ns: str, pod_name: str) -> Obj | None:
+def ext_claim(kube: Kube, ns: str, pod_name: str) -> Obj | None:
     """The claim the scheduler made for the pod's extended resources, once allocated."""
     pod = kube.get(pod_path(ns, pod_name)) or {}
     st = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}

@@ -39,6 +39,7 @@ from topodra.apipaths import (
     template_path,
 )
 from topodra.controller.availability import AlternativeStatus, Snapshot, make_snapshot, profile_availability
+from topodra.controller.kueue import class_models_from, queueing_status
 from topodra.controller.profile import API_VERSION, KIND, ClaimProfile, ProfileError
 from topodra.controller.render import (
     DEFAULT_NIC_CLASS,
@@ -252,6 +253,7 @@ def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache)
     old_status = body.get("status") or {}
     status = build_status(old_status, outcome, int(meta.get("generation") or 0), alternatives, note,
                           datetime.now(UTC))
+    _queueing(kube, body, outcome, status)
     kube.merge_patch(profile_path(ns, name) + "/status", {"status": status})
     old_ready: Obj = next((c for c in old_status.get("conditions") or [] if c.get("type") == "Ready"), {})
     if not outcome.ok and old_ready.get("reason") != outcome.reason:
@@ -260,6 +262,24 @@ def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache)
     elif outcome.action in ("created", "replaced"):
         post_event(kube, body, "Normal", "Template" + outcome.action.capitalize(), outcome.message)
     return outcome
+
+
+def _queueing(kube: Kube, body: Obj, outcome: Outcome, status: Obj) -> None:
+    """Kueue mode: ``status.queueing`` and a ``KueueAdmissible`` condition (see controller/kueue.py)."""
+    if outcome.reason == "InvalidSpec":
+        return
+    profile = ClaimProfile.from_api(body)
+    if profile.spec.queueing != "Kueue":
+        status["queueing"] = None
+        return
+    classes = [c for a in profile.spec.alternatives if (c := kube.get(device_class_path(a.device_class_name)))]
+    q, ok, msg = queueing_status(profile, class_models_from(classes))
+    status["queueing"] = q
+    stamp = status["lastRefresh"]
+    status["conditions"].append(_condition(list((body.get("status") or {}).get("conditions") or []),
+                                           "KueueAdmissible", "True" if ok else "False",
+                                           "Rendered" if ok else "KueueUnsupported", msg,
+                                           int((body.get("metadata") or {}).get("generation") or 0), stamp))
 
 
 def delete_template(kube: Kube, body: Obj) -> None:

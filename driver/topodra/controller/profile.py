@@ -77,9 +77,17 @@ class ClaimProfileSpec(BaseModel):
 
     alternatives: tuple[Alternative, ...] = Field(min_length=1, max_length=MAX_ALTERNATIVES)
     topology: Topology = Topology()
+    # Kueue: pods ask for the generic extended resource and a LocalQueue (controller/kueue.py).
+    queueing: Literal["None", "Kueue"] = "None"
+    local_queue: str | None = Field(default=None, alias="localQueue", max_length=63)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClaimProfileSpec:
+        if (self.queueing == "Kueue") != bool(self.local_queue):
+            raise ValueError("queueing Kueue needs localQueue (the LocalQueue pods are sent to), "
+                             "and localQueue needs queueing Kueue")
+        if self.local_queue and not DNS_LABEL.match(self.local_queue):
+            raise ValueError(f"localQueue {self.local_queue!r} must be a DNS label (lowercase letters, digits, '-')")
         names = [a.effective_name for a in self.alternatives]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
