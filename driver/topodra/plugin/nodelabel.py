@@ -137,7 +137,8 @@ class NodeLabeler:
         self._thread = threading.Thread(target=self._run, name="node-labels", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread; an API call in flight is not waited for (the thread is a daemon, nothing to undo)."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
