@@ -33,7 +33,7 @@ class ClassSpec:
     """One catalog entry: the class name, what it is for, and its predicate."""
 
     name: str
-    kind: str  # generic | model | memory | architecture | nic
+    kind: str  # generic | model | memory | architecture | nic | mig
     description: str
     match: DeviceMatch
 
@@ -66,6 +66,10 @@ ARCHITECTURE_FLOORS: dict[str, tuple[str, str]] = {
     "gpu-blackwell-plus": ("10.0.0", "Blackwell or newer"),
 }
 
+# MIG slices by compute size (topodra.sharing.mig): gpu-mig-1g takes any 1g.* profile (1g.10gb, 1g.20gb...);
+# a claim narrows it with a selector on the ``profile`` attribute.
+MIG_SIZES: tuple[int, ...] = (1, 2, 3, 4, 7)
+
 GENERIC_CLASS = DEFAULT_DRIVER_NAME
 NIC_CLASS = "nic.topodra.io"
 
@@ -83,6 +87,9 @@ def catalog(driver: str = DEFAULT_DRIVER_NAME) -> list[ClassSpec]:
     for name, (cc, text) in ARCHITECTURE_FLOORS.items():
         specs.append(ClassSpec(name, "architecture", f"{text}: compute capability >= {cc}",
                                DeviceMatch(type="gpu", minComputeCapability=cc)))
+    for n in MIG_SIZES:
+        specs.append(ClassSpec(f"gpu-mig-{n}g", "mig", f"MIG slices with {n} compute slice(s) ({n}g.* profiles)",
+                               DeviceMatch(type="mig", computeSlices=n)))
     specs.append(ClassSpec(NIC_CLASS, "nic", "RDMA NICs published next to the GPUs (rail attribute)",
                            DeviceMatch(type="nic")))
     return specs
@@ -127,15 +134,16 @@ def model_class_name(model: str) -> str:
     return f"gpu-model-{slug}"[:63].rstrip("-")
 
 
-def classes_for_models(models: Iterable[str], *, with_nic: bool = False,
+def classes_for_models(models: Iterable[str], *, with_nic: bool = False, mig_sizes: Iterable[int] = (),
                        driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
     """DeviceClasses worth installing for a cluster whose GPUs have these models.
 
     Generic, memory and architecture classes always; a family class when one of
     its models is present; a single-model class for a model the catalog does not
-    know; the NIC class when NICs are published.
+    know; the NIC class when NICs are published; a MIG class per published slice size.
     """
     present = {m for m in models if m}
+    sizes = set(mig_sizes)
     known = {m for ms in MODEL_FAMILIES.values() for m in ms}
     out: list[ClassSpec] = []
     for spec in catalog(driver):
@@ -143,11 +151,29 @@ def classes_for_models(models: Iterable[str], *, with_nic: bool = False,
             continue
         if spec.kind == "nic" and not with_nic:
             continue
+        if spec.kind == "mig" and spec.match.compute_slices not in sizes:
+            continue
         out.append(spec)
     for model in sorted(present - known):
         out.append(ClassSpec(model_class_name(model), "model", f"GPUs of model {model}",
                              DeviceMatch(type="gpu", models=(model,))))
     return [to_device_class(s, driver) for s in out]
+
+
+def mig_sizes(slices: Iterable[dict[str, Any]], driver: str) -> set[int]:
+    """Compute-slice counts of the MIG placement devices in ResourceSlices of ``driver``."""
+    out: set[int] = set()
+    for sl in slices:
+        spec = sl.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        for dev in spec.get("devices") or []:
+            attrs = dev.get("attributes") or {}
+            if (attrs.get("type") or {}).get("string") == "mig":
+                n = (attrs.get("computeSlices") or {}).get("int")
+                if isinstance(n, int):
+                    out.add(n)
+    return out
 
 
 def inventory(slices: Iterable[dict[str, Any]], driver: str) -> tuple[set[str], bool]:
@@ -228,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
                   "use --all for the whole catalog", file=sys.stderr)
             return 1
         log.info("models present: %s; NICs: %s", ", ".join(sorted(models)), has_nic)
-        objs = classes_for_models(models, with_nic=has_nic, driver=args.driver_name)
+        objs = classes_for_models(models, with_nic=has_nic, mig_sizes=mig_sizes(slices, args.driver_name),
+                                  driver=args.driver_name)
     if args.write_dir:
         out = Path(args.write_dir)
         out.mkdir(parents=True, exist_ok=True)

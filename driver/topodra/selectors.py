@@ -63,8 +63,9 @@ class DeviceMatch(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    type: Literal["gpu", "nic"]
+    type: Literal["gpu", "nic", "mig"]
     models: tuple[str, ...] | None = None
+    compute_slices: int | None = Field(default=None, alias="computeSlices", ge=1)  # MIG slices (type "mig")
     min_memory: str | None = Field(default=None, alias="minMemory")
     min_compute_capability: str | None = Field(default=None, alias="minComputeCapability")
 
@@ -109,6 +110,8 @@ class DeviceMatch(BaseModel):
         if self.models is not None:
             listed = ", ".join(f'"{m}"' for m in self.models)
             terms += [f"has({attrs}.model)", f"{attrs}.model in [{listed}]"]
+        if self.compute_slices is not None:
+            terms += [f"has({attrs}.computeSlices)", f"{attrs}.computeSlices == {self.compute_slices}"]
         if self.min_memory is not None:
             terms += [f"has({caps}.memory)", f'{caps}.memory.compareTo(quantity("{self.min_memory}")) >= 0']
         if self.min_compute_capability is not None:
@@ -122,6 +125,8 @@ class DeviceMatch(BaseModel):
         if attrs.get("type") != self.type:
             return False
         if self.models is not None and attrs.get("model") not in self.models:
+            return False
+        if self.compute_slices is not None and attrs.get("computeSlices") != self.compute_slices:
             return False
         if self.min_memory is not None:
             mem = _capacity(device, driver, "memory")
