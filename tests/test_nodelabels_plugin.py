@@ -276,3 +276,44 @@ def test_plugin_labels_the_real_node_and_follows_hardware_changes(node_cluster: 
         nc.kube.merge_patch(node_path(name), {"metadata": {"labels": {
             "team": None, GPU_COUNT: None, GPU_MODEL: None, NVLINK_CLIQUE: None, SCALABLE_UNIT: None,
             RAIL_GROUP: None}}})
+
+
+# --------------------------------------------------------------------------- metrics address, readiness
+
+
+def test_metrics_address_is_an_ip_and_defaults_to_loopback(tmp_path: Path) -> None:
+    from topodra.plugin import metrics
+
+    assert cfg_with(tmp_path, None).metrics_address == "127.0.0.1"
+    assert cfg_with(tmp_path, None, TOPODRA_METRICS_ADDRESS="0:0::1").metrics_address == "::1"
+    with pytest.raises(ConfigError, match=r"--metrics-address .*not an IP address"):
+        cfg_with(tmp_path, None, TOPODRA_METRICS_ADDRESS="example.com")
+    server = metrics.serve(0, "127.0.0.2")  # another loopback address: the one given is the one bound
+    try:
+        assert server.server_address[0] == "127.0.0.2"
+        with urllib.request.urlopen(f"http://127.0.0.2:{server.server_port}/metrics", timeout=10) as r:
+            assert b"topodra_plugin_node_labels_synced" in r.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_chart_metrics_address_and_readiness() -> None:
+    def plugin_container(*values: str) -> Obj:
+        objs = [o for o, _ in gen_manifests.split(gen_manifests.render(list(values)))]
+        (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        return dict(c)
+
+    def address(c: Obj) -> Obj:
+        return next(e for e in c["env"] if e["name"] == "TOPODRA_METRICS_ADDRESS")
+
+    c = plugin_container()
+    assert address(c) == {"name": "TOPODRA_METRICS_ADDRESS", "value": "127.0.0.1"}  # safe default
+    assert c["readinessProbe"]["exec"]["command"] == c["livenessProbe"]["exec"]["command"]
+    pod_ip = {"name": "TOPODRA_METRICS_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert address(plugin_container("plugin.metricsAddress=podIP")) == pod_ip
+    assert address(plugin_container("metrics.service=true")) == pod_ip  # a Service must reach it
+    assert address(plugin_container("metrics.service=true", "plugin.metricsAddress=0.0.0.0"))["value"] == "0.0.0.0"
+    with pytest.raises(SystemExit, match="metricsAddress"):
+        gen_manifests.render(["plugin.metricsAddress=example.com"])

@@ -9,6 +9,7 @@ UID from the downward API), so every flag ``--some-flag`` can also be given as
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,7 +62,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("pod_uid", "UID of this pod; enables per-pod socket names for rolling updates", "UID"),
     Flag("health_port", f"127.0.0.1 port of the gRPC health service, 0 = off (default {DEFAULT_HEALTH_PORT})",
          "PORT"),
-    Flag("metrics_port", f"127.0.0.1 port of /metrics, 0 disables (default {DEFAULT_METRICS_PORT})", "PORT"),
+    Flag("metrics_port", f"port of /metrics on --metrics-address, 0 disables (default {DEFAULT_METRICS_PORT})",
+         "PORT"),
+    Flag("metrics_address", "IP address /metrics listens on (default 127.0.0.1: this host only; the pod IP or "
+         "0.0.0.0 lets Prometheus scrape it)", "IP"),
     Flag("sysfs_root", "directory that contains the sys/ tree discovery reads (default /)", "DIR"),
     Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
          "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
@@ -100,6 +104,7 @@ class PluginConfig(BaseModel):
     pod_uid: str | None = None
     health_port: int = Field(default=DEFAULT_HEALTH_PORT, ge=0, le=65535)
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
+    metrics_address: str = "127.0.0.1"
     sysfs_root: Path | None = None
     rediscover_interval: float = Field(default=60.0, ge=0)
     claim_cleanup_interval: float = Field(default=300.0, ge=0)
@@ -138,6 +143,14 @@ class PluginConfig(BaseModel):
         if not v.is_absolute():
             raise ValueError(f"{str(v)!r} must be an absolute path (the kubelet needs absolute socket paths)")
         return v
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _ip_address(cls, v: str) -> str:
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address") from None
 
     @field_validator("pod_uid")
     @classmethod

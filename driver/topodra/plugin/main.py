@@ -180,12 +180,13 @@ class Plugin:
 
             if cfg.metrics_port:
                 try:
-                    httpd = metrics.serve(cfg.metrics_port)
+                    httpd = metrics.serve(cfg.metrics_port, cfg.metrics_address)
                 except OSError as e:
                     # /metrics is optional: the kubelet must keep its plugin, so no crash loop over it.
-                    log.error("metrics endpoint is off: cannot listen on 127.0.0.1:%d (%s); another process "
-                              "holds the port. Set --metrics-port / TOPODRA_METRICS_PORT to a free port, or 0 "
-                              "to disable. The kubelet plugin keeps serving.", cfg.metrics_port, e)
+                    log.error("metrics endpoint is off: cannot listen on %s:%d (%s); another process "
+                              "holds the port, or the address is not this host's. Set --metrics-port / "
+                              "TOPODRA_METRICS_PORT to a free port, or 0 to disable. The kubelet plugin keeps "
+                              "serving.", cfg.metrics_address, cfg.metrics_port, e)
                 else:
                     stack.callback(httpd.server_close)
                     stack.callback(httpd.shutdown)
