@@ -747,10 +747,24 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     return 0
 
 
+def start_private_cluster(attempts: int = 3) -> localcluster.Cluster:
+    """A private instance on fresh free ports; another process may take a port between the pick and
+    the bind (the tests pick from the same range), so a failed start is retried on new ports."""
+    for attempt in range(1, attempts + 1):
+        lc = localcluster.Cluster.private(INSTANCE)
+        try:
+            lc.up(build=False)
+            return lc
+        except localcluster.ClusterError as e:
+            if attempt == attempts:
+                raise
+            log(f"private cluster did not start on {lc.ports} ({str(e).splitlines()[0]}); new ports")
+    raise AssertionError("unreachable")
+
+
 def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Sequence[str]) -> list[RunResult]:
-    lc = localcluster.Cluster.private(INSTANCE)
     t0 = time.monotonic()
-    lc.up(build=False)  # use_policy restarts kube-scheduler with the first policy's configuration
+    lc = start_private_cluster()  # use_policy restarts kube-scheduler with the first policy's configuration
     env: Env | None = None
     results: list[RunResult] = []
     try:

@@ -4,12 +4,15 @@ hold the shared fixed-port cluster's lock that every test session waits for."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import localcluster
 import pytest
-from conftest import ClusterHandle
+from conftest import REPO, ClusterHandle
+
+sys.path.insert(0, str(REPO / "bench"))
 
 
 def test_private_ports_are_free_distinct_and_off_the_fixed_ones() -> None:
@@ -87,3 +90,22 @@ def test_private_cluster_runs_beside_the_shared_one_and_leaves_it_alone(cluster:
     assert not any(localcluster.pid_alive(p) for p in pids.values())
     # the shared cluster still answers
     assert cluster.kube.request("GET", "/api/v1/namespaces/default")["metadata"]["name"] == "default"
+
+
+def test_bench_retries_a_private_start_on_new_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    import placement_bench as pb
+
+    tried: list[localcluster.Ports] = []
+
+    def up(self: localcluster.Cluster, **_kw: object) -> None:
+        tried.append(self.ports)
+        if len(tried) < 3:
+            raise localcluster.ClusterError("etcd exited during startup")
+
+    monkeypatch.setattr(localcluster.Cluster, "up", up)
+    lc = pb.start_private_cluster(attempts=3)
+    assert len(tried) == 3 and lc.ports == tried[-1] and len(set(tried)) == 3
+    tried.clear()
+    with pytest.raises(localcluster.ClusterError):
+        pb.start_private_cluster(attempts=2)
+    assert len(tried) == 2
