@@ -357,3 +357,13 @@ def test_mix_is_rebuilt_only_when_claims_arrive_or_are_forgotten() -> None:
     assert st.mix_version == v0 + 3 and list(st.observed_mix().values()) == [1]
     st.delete_claim("ns", "x")  # deleted, not forgotten: stays in the history
     assert st.mix_version == v0 + 3 and list(st.observed_mix().values()) == [1]
+
+
+def test_views_can_be_built_ahead_of_the_first_call() -> None:
+    st = state({"a": "dgx-h100", "b": "dgx-a100-80gb"})
+    st.replace("nodes", [{"metadata": {"name": n}} for n in ("a", "b", "no-slices")])
+    assert st.sizes()["node_views"] == 0
+    assert st.warm_views() == 2
+    assert st.sizes()["node_views"] == 2
+    v = st.node_view("a")
+    assert v is not None and st.node_view("a") is v  # built once, reused

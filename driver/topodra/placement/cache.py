@@ -98,6 +98,8 @@ class Cache:
                 items, version = self.kube.list_snapshot(src.path, src.field_selector)
                 with self.lock:
                     self.state.replace(src.kind, items)
+                    if src.kind in ("slices", "classes"):
+                        self.state.warm_views()  # the first prioritize call would build them all
                 self._synced[src.kind].set()
                 if self._on_relist:
                     self._on_relist(src.kind)

@@ -465,6 +465,10 @@ class ClusterState:
         self._views[node] = view
         return view
 
+    def warm_views(self) -> int:
+        """Build every node's view now (after a relist) rather than in the next ``prioritize`` call."""
+        return sum(1 for node in list(self._slices_by_node) if self.node_view(node) is not None)
+
     def used_indices(self, view: NodeView) -> frozenset[int]:
         """Indices of the node's devices held by allocated claims (cached until a claim there changes)."""
         got = self._used_by_node.get(view.name)
