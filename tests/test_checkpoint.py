@@ -29,7 +29,7 @@ def test_roundtrip_and_file_shape(tmp_path: Path) -> None:
     checkpoint.save(path, _data())
     assert checkpoint.load(path) == _data()
     doc = json.loads(path.read_text())
-    assert doc["version"] == 1
+    assert doc["version"] == checkpoint.VERSION
     assert doc["checksum"] == checkpoint.checksum(doc["payload"])
     assert doc["payload"]["boot_id"] == "boot-1"
     assert doc["payload"]["claims"]["u2"]["state"] == "PrepareStarted"
@@ -73,8 +73,9 @@ def test_checksum_mismatch(tmp_path: Path) -> None:
 def test_unknown_version(tmp_path: Path) -> None:
     path = tmp_path / "cp.json"
     payload = _data().model_dump(mode="json")
-    raw = json.dumps({"version": 2, "checksum": checkpoint.checksum(payload), "payload": payload}).encode()
-    assert "unknown version 2" in _corrupt(path, raw)
+    newer = checkpoint.VERSION + 1
+    raw = json.dumps({"version": newer, "checksum": checkpoint.checksum(payload), "payload": payload}).encode()
+    assert f"unknown version {newer}" in _corrupt(path, raw)
 
 
 def test_schema_mismatch_with_valid_checksum(tmp_path: Path) -> None:
@@ -183,26 +184,26 @@ def test_v1_file_written_by_the_old_code_loads_and_serves(tmp_path: Path) -> Non
 
 
 def test_migration_chain_upgrades_an_older_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The path a format change takes: a v1 file read by a v2 reader through MIGRATIONS[1], then saved as v2."""
-    def v1_to_v2(payload: dict[str, object]) -> dict[str, object]:
+    """The path a format change takes: a v1 file read by a v3 reader through MIGRATIONS[1] and [2], saved as v3."""
+    def v2_to_v3(payload: dict[str, object]) -> dict[str, object]:
         return {**payload, "boot_id": f"migrated:{payload['boot_id']}"}
 
-    monkeypatch.setattr(checkpoint, "VERSION", 2)
-    with pytest.raises(CheckpointCorrupt, match="reads versions 1 to 2"):  # no migration registered yet
+    monkeypatch.setattr(checkpoint, "VERSION", 3)
+    with pytest.raises(CheckpointCorrupt, match="reads versions 1 to 3"):  # no migration registered yet
         checkpoint.decode(FIXTURE_V1.read_bytes(), FIXTURE_V1)
-    monkeypatch.setitem(checkpoint.MIGRATIONS, 1, v1_to_v2)
+    monkeypatch.setitem(checkpoint.MIGRATIONS, 2, v2_to_v3)
     data = checkpoint.decode(FIXTURE_V1.read_bytes(), FIXTURE_V1)
     assert data.boot_id == "migrated:3f1c2a9e-5b7d-4e21-9c0a-7d3e8f1b2c4d" and len(data.claims) == 3
     path = tmp_path / checkpoint.FILE_NAME
     checkpoint.save(path, data)
-    assert json.loads(path.read_text())["version"] == 2
-    assert checkpoint.load(path) == data  # a v2 file is read without migration
+    assert json.loads(path.read_text())["version"] == 3
+    assert checkpoint.load(path) == data  # a v3 file is read without migration
     tampered = FIXTURE_V1.read_bytes().replace(b"train", b"trail")
     with pytest.raises(CheckpointCorrupt, match="checksum"):  # checked before migrating
         checkpoint.decode(tampered, FIXTURE_V1)
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", True, None])
+@pytest.mark.parametrize("version", [0, 3, "1", True, None])
 def test_versions_outside_the_readable_range_are_refused(version: object) -> None:
     doc = json.loads(FIXTURE_V1.read_text())
     doc["version"] = version

@@ -130,7 +130,7 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) 
         d = sd.device
         if d.name not in names:
             names.append(d.name)
-            if d.kind == "gpu" and d.uuid:
+            if d.kind in ("gpu", "mig") and d.uuid:  # a MIG device's uuid is its MIG UUID once created
                 uuids.append(d.uuid)
         edits: dict[str, Any] = {"env": _device_env(sd, claim_uid)}
         if d.device_nodes:

@@ -11,14 +11,16 @@ Older versions are read through ``MIGRATIONS`` (a chain of pure payload
 upgrades, checked against the file's checksum first); the next write stores the
 current version.
 
-On-disk shape (``version`` 1)::
+On-disk shape (``version`` 2; version 1 had no ``mig``)::
 
     {"version": 1, "checksum": "<sha256 hex of canonical JSON of payload>",
      "payload": {"boot_id": "...", "claims": {"<uid>": {"uid": ..., "namespace": ...,
                  "name": ..., "state": "PrepareStarted"|"PrepareCompleted",
                  "devices": [{"request_names": [...], "pool_name": ..., "device_name": ...,
                               "cdi_device_ids": [...], "share_id": null,
-                              "access": "exclusive"|"shared"|"admin"}]}}}}
+                              "access": "exclusive"|"shared"|"admin",
+                              "mig": null | {"parent_uuid": ..., "gpu_instance": 3, "compute_instance": 0,
+                                             "uuid": "MIG-...", "profile_id": 19, "start": 2}}]}}}}
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topodra.atomicfile import Sync, remove_stale_temps, write_atomic
+from topodra.sharing.instances import MigInstance
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 FILE_NAME = "checkpoint.json"
 OLDEST_READABLE = 1
 
@@ -47,7 +50,9 @@ Migration = Callable[[dict[str, Any]], dict[str, Any]]
 # Changing the format: bump VERSION, add MIGRATIONS[old] here, keep tests/fixtures/checkpoint-v<old>.json
 # (a file the old code wrote) loading in tests/test_checkpoint.py.  The file is rewritten in the new
 # version at the next write; a downgrade then refuses the newer file (see ``decode``).
-MIGRATIONS: dict[int, Migration] = {}
+MIGRATIONS: dict[int, Migration] = {
+    1: lambda payload: payload,  # v2 adds CheckpointDevice.mig (MIG instances, issue 11); absent means none
+}
 
 
 def migrate(version: int, payload: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +93,8 @@ class CheckpointDevice(BaseModel):
     # How the allocation may overlap with other claims on the same device:
     # exclusive; shared (shareID / consumable capacity); admin (adminAccess, never conflicts).
     access: Access = "exclusive"
+    # The MIG instance prepare created for this device (a MIG placement device), destroyed by unprepare.
+    mig: MigInstance | None = None
 
 
 class ClaimEntry(BaseModel):

@@ -26,6 +26,12 @@ network.  The rules (see docs/prepare.md):
 * Unprepare removes the CDI specs, then the checkpoint entries; it needs only
   the checkpoint, never the (possibly deleted) claim object.
 * A claim that fails changes nothing: no checkpoint entry, no CDI file.
+* MIG placement devices (topodra.sharing): prepare creates the GPU and compute
+  instance before the CDI spec (which carries the MIG UUID) and records it in the
+  checkpoint entry; unprepare destroys it before dropping the entry.  A crash in
+  between leaves an instance no entry records: recovery destroys every such
+  instance on the node's MIG GPUs, and re-creates recorded ones that are gone
+  (after a reboot), so instances and checkpoint agree again.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ from topodra.devices import Device
 from topodra.filelock import FileLock, LockTimeout
 from topodra.inventory import Inventory
 from topodra.observe import NO_OBSERVER, Observer
+from topodra.sharing.instances import MigError, MigInstance, MigInstances
+from topodra.sharing.mig import placement_of
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,7 @@ CRASH_POINT_ENV = "TOPODRA_CRASH_POINT"
 # Where TOPODRA_CRASH_POINT makes the process exit as if killed (docs/prepare.md, "Testing hooks").
 CRASH_POINTS = frozenset({
     "prepare-before-write",          # claims planned under the lock, nothing written yet
+    "after-mig-created",             # MIG instances of the batch created, no CDI spec or checkpoint yet
     "prepare-mid-cdi",               # after the first new CDI spec of the batch, before the others
     "after-cdi-written",             # every new spec written, checkpoint not yet
     "after-checkpoint-written",      # checkpoint durable, answer not yet sent
@@ -106,6 +115,8 @@ class RecoveryReport:
     rebooted: bool = False
     rolled_back: list[str] = field(default_factory=list)
     recreated: list[str] = field(default_factory=list)
+    mig_destroyed: list[str] = field(default_factory=list)  # "<GPU UUID>/<GI>" of instances nothing recorded
+    mig_recreated: list[str] = field(default_factory=list)  # claim UIDs whose recorded instance was re-made
     unrecoverable: dict[str, str] = field(default_factory=dict)
     orphan_specs: list[str] = field(default_factory=list)  # kept: only after a quarantined checkpoint
     orphans_removed: list[str] = field(default_factory=list)
@@ -143,8 +154,13 @@ class DeviceState:
         quarantine_corrupt: bool = False,
         lock_timeout: float | None = 20.0,
         observer: Observer = NO_OBSERVER,
+        mig: MigInstances | None = None,
     ) -> None:
-        """Load the checkpoint and recover; raises ``CheckpointCorrupt`` unless ``quarantine_corrupt``."""
+        """Load the checkpoint and recover; raises ``CheckpointCorrupt`` unless ``quarantine_corrupt``.
+
+        ``mig``: NVML access for MIG instances; without it, claims on MIG placement devices fail.
+        """
+        self.mig = mig
         self.driver_name = driver_name
         self.node_name = node_name
         self.pool_name = node_name
@@ -278,8 +294,78 @@ class DeviceState:
             if dev is None:
                 raise ClaimError(f"claim {entry.ref}: device {d.device_name} is no longer present on node "
                                  f"{self.node_name}; cannot re-create its CDI spec")
+            if d.mig is not None:
+                dev = dev.model_copy(update={"uuid": d.mig.uuid})
             sds.append(cdi.SpecDevice(dev, d.share_id))
         return cdi.valid_spec(self.driver_name, entry.uid, sds)
+
+    # ---- MIG instances ----
+
+    def _create_mig(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> ClaimEntry:
+        """The entry with a MIG instance created and recorded for each MIG device; on failure none is left."""
+        out: list[CheckpointDevice] = []
+        made: list[MigInstance] = []
+        try:
+            for d in entry.devices:
+                dev = devices[d.device_name]
+                if dev.kind != "mig":
+                    out.append(d)
+                    continue
+                if self.mig is None:
+                    raise ClaimError(f"claim {entry.ref}: {d.device_name} is a MIG device, but this plugin has "
+                                     "no NVML access to create MIG instances")
+                try:
+                    inst = self.mig.create(placement_of(dev))
+                except (MigError, ValueError) as e:
+                    raise ClaimError(f"claim {entry.ref}: {d.device_name}: {e}") from e
+                made.append(inst)
+                out.append(d.model_copy(update={"mig": inst}))
+        except ClaimError:
+            self._destroy_mig(made)
+            raise
+        return entry.model_copy(update={"devices": out})
+
+    def _destroy_mig(self, instances: Sequence[MigInstance]) -> None:
+        for inst in instances:
+            if self.mig is None:
+                return
+            try:
+                self.mig.destroy(inst)
+            except MigError as e:  # left for recovery's reconcile; logged
+                log.error("node %s: %s", self.node_name, e)
+
+    def _reconcile_mig(self, data: CheckpointData, devices: Mapping[str, Device]
+                       ) -> tuple[CheckpointData, list[str], list[str]]:
+        """Destroy instances no entry records; re-create recorded ones that are gone. (data, destroyed, re-made)"""
+        if self.mig is None:
+            return data, [], []
+        recorded = [d.mig for e in data.claims.values() for d in e.devices if d.mig is not None]
+        parents = sorted({str(d.attributes["parentUUID"].value) for d in devices.values()
+                          if d.kind == "mig" and "parentUUID" in d.attributes} | {r.parent_uuid for r in recorded})
+        if not parents:
+            return data, [], []
+        try:
+            stray = self.mig.reconcile(parents, recorded)
+            present = {i.key for i in self.mig.existing(parents)}
+        except Exception as e:  # NVML failed (any NVMLError): prepared claims keep working; next start retries
+            log.error("node %s: cannot reconcile MIG instances: %s", self.node_name, e)
+            return data, [], []
+        remade: list[str] = []
+        for entry in list(data.claims.values()):
+            if not any(d.mig is not None and d.mig.key not in present for d in entry.devices):
+                continue
+            stripped = entry.model_copy(update={"devices": [d.model_copy(update={"mig": None})
+                                                            for d in entry.devices]})  # fmt: skip
+            try:
+                fresh = self._create_mig(stripped, devices)
+                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None and d.mig.key in present])
+            except (ClaimError, KeyError) as e:
+                log.error("node %s: claim %s: its MIG instance is gone and cannot be re-created: %s",
+                          self.node_name, entry.ref, e)
+                continue
+            data = data.with_claim(fresh)
+            remade.append(entry.uid)
+        return data, [f"{i.parent_uuid}/{i.gpu_instance}" for i in stray], remade
 
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
@@ -326,6 +412,23 @@ class DeviceState:
                 self._save(data)
             return results
 
+        # MIG instances first: the spec carries the MIG UUID.  A crash from here to the checkpoint
+        # write leaves instances no entry records, which recovery destroys.
+        if any(devices[d.device_name].kind == "mig" for _r, e, _s in fresh for d in e.devices):
+            with_mig = []
+            for ref, entry, spec in fresh:
+                try:
+                    if any(devices[d.device_name].kind == "mig" for d in entry.devices):
+                        entry = self._create_mig(entry, devices)
+                        spec = self._spec_for(entry, devices)
+                except (ClaimError, cdi.CDISpecInvalid) as e:
+                    log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
+                    results[ref.uid] = PrepareResult([], str(e))
+                    continue
+                with_mig.append((ref, entry, spec))
+            fresh = with_mig
+            self._maybe_crash("after-mig-created")
+
         # Specs first (not fsynced), then one durable checkpoint write with the claims completed.
         # A crash in between leaves only orphan specs of claims the kubelet got no answer for.
         self._maybe_crash("prepare-before-write")
@@ -339,6 +442,7 @@ class DeviceState:
             except OSError as e:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
+                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write CDI spec: {e}")
                 continue
             completed = completed.with_claim(entry)
@@ -352,9 +456,10 @@ class DeviceState:
         try:
             self._save(completed)
         except OSError as e:
-            for ref, _ in written:
+            for ref, entry in written:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
+                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             return results
         self._maybe_crash("after-checkpoint-written")
@@ -431,6 +536,17 @@ class DeviceState:
                 log.info("node %s: claim %s not prepared here (or already unprepared); nothing to do",
                          self.node_name, c)
                 continue
+            migs = [d.mig for d in entry.devices if d.mig is not None]
+            if migs and self.mig is None:
+                results[c.uid] = f"claim {c}: has MIG instances, but this plugin has no NVML access to destroy them"
+                continue
+            try:
+                for inst in migs:
+                    assert self.mig is not None
+                    self.mig.destroy(inst)  # already gone (e.g. after a reboot) is fine
+            except MigError as e:
+                results[c.uid] = f"claim {c}: {e}"
+                continue
             try:
                 cdi.remove_spec(self.cdi_root, self.driver_name, c.uid)
             except OSError as e:
@@ -495,14 +611,19 @@ class DeviceState:
             if quarantined:  # the forgotten claims' pods may still run: their specs stay for the operator
                 orphans = sorted(cdi.claim_spec_uids(self.cdi_root, self.driver_name))
                 return RecoveryReport(orphan_specs=orphans, quarantined=quarantined)
-            return RecoveryReport(orphans_removed=self._remove_orphans(CheckpointData()))
+            # No checkpoint yet: any MIG instance was made by a prepare that never answered.
+            _data, destroyed, _ = self._reconcile_mig(CheckpointData(), self.inventory.by_name)
+            return RecoveryReport(orphans_removed=self._remove_orphans(CheckpointData()), mig_destroyed=destroyed)
         rebooted = bool(loaded.boot_id and self.boot_id and loaded.boot_id != self.boot_id)
         data, rolled_back = self._rollback_started(loaded)
         devices = self.inventory.by_name
+        before = data
+        data, mig_destroyed, mig_recreated = self._reconcile_mig(data, devices)
         recreated: list[str] = []
         unrecoverable: dict[str, str] = {}
         for entry in data.claims.values():
-            if not rebooted and cdi.spec_exists(self.cdi_root, self.driver_name, entry.uid):
+            if not rebooted and entry.uid not in mig_recreated \
+                    and cdi.spec_exists(self.cdi_root, self.driver_name, entry.uid):
                 continue
             try:
                 cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
@@ -510,12 +631,13 @@ class DeviceState:
                 unrecoverable[entry.uid] = str(e)
                 continue
             recreated.append(entry.uid)
-        if rebooted or rolled_back or (self.boot_id and loaded.boot_id != self.boot_id):
+        if rebooted or rolled_back or data != before or (self.boot_id and loaded.boot_id != self.boot_id):
             self._save(data)
         else:
             self._report(data)
         return RecoveryReport(rebooted=rebooted, rolled_back=rolled_back, recreated=recreated,
-                              unrecoverable=unrecoverable, orphans_removed=self._remove_orphans(data))
+                              unrecoverable=unrecoverable, orphans_removed=self._remove_orphans(data),
+                              mig_destroyed=mig_destroyed, mig_recreated=mig_recreated)
 
     def _remove_orphans(self, data: CheckpointData) -> list[str]:
         """Delete our specs that have no checkpoint entry (call with the node lock held).
@@ -541,6 +663,10 @@ class DeviceState:
             log.warning("node %s: re-created missing CDI specs for claims %s", node, r.recreated)
         if r.rolled_back:
             log.warning("node %s: rolled back interrupted prepares of claims %s", node, r.rolled_back)
+        if r.mig_destroyed:
+            log.warning("node %s: destroyed MIG instances no prepared claim records: %s", node, r.mig_destroyed)
+        if r.mig_recreated:
+            log.warning("node %s: re-created lost MIG instances of claims %s", node, r.mig_recreated)
         for uid, why in r.unrecoverable.items():
             log.error("node %s: claim %s: %s", node, uid, why)
         if r.orphans_removed:

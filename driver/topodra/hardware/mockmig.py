@@ -339,6 +339,14 @@ class FakeMig:
         count.value = len(found)
         return int(pynvml.NVML_SUCCESS)
 
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: Any, ci: int) -> FakeComputeInstanceHandle:
+        _, uuid, handle = self._gi_of(gi)
+        with self._mig_state(write=False) as st:
+            x = self._find_gi(st.gpus.get(uuid, []), handle.gi)
+            if not any(c.id == int(ci) for c in x.computeInstances):
+                raise _err("NotFound")
+        return FakeComputeInstanceHandle(handle.index, handle.gi, int(ci))
+
     def _ci_of(self, ci: Any) -> tuple[str, FakeComputeInstanceHandle]:
         if not isinstance(ci, FakeComputeInstanceHandle):
             raise _err("InvalidArgument")

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from topodra.plugin.nodelabel import NodeLabeler
     from topodra.plugin.server import PluginServer
     from topodra.publisher import SlicePublisher
+    from topodra.sharing.instances import MigInstances
     from topodra.state import DeviceState
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class Plugin:
         from topodra.plugin.nodelabel import NodeLabeler
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
+        from topodra.sharing.instances import MigInstances
         from topodra.slices import published_taints
 
         observer = metrics.MetricsObserver()
@@ -130,7 +132,7 @@ class Plugin:
 
             kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
             stack.callback(kube.close)
-            state = build_state(cfg, inventory, observer)
+            state = build_state(cfg, inventory, observer, mig=MigInstances(self.backend().nvml))
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
             inventory.subscribe(board.devices_changed)
@@ -230,13 +232,17 @@ class Plugin:
         log.info("kubelet plugin stopped driver=%s node=%s", self.cfg.driver_name, self.cfg.node_name)
 
 
-def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer) -> DeviceState:
-    """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket."""
+def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
+                mig: MigInstances | None = None) -> DeviceState:
+    """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket.
+
+    ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices.
+    """
     from topodra.state import DeviceState
 
     return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
-                       observer=observer)
+                       observer=observer, mig=mig)
 
 
 def run(args: argparse.Namespace) -> int:

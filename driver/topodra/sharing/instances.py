@@ -1,0 +1,178 @@
+"""MIG instances on the GPU: create, destroy, list and reconcile them through NVML.
+
+Prepare creates a GPU instance at the allocated placement and one compute
+instance spanning it (``nvmlDeviceCreateGpuInstanceWithPlacement``,
+``nvmlGpuInstanceCreateComputeInstance``); the container gets the MIG device's
+UUID.  Instances outlive the plugin process, so after a crash the plugin
+reconciles what the GPUs hold against what its checkpoint records: an instance
+no prepared claim records was made by a prepare that never answered, and is
+destroyed.  The same code drives real NVML (``pynvml``) and mock hardware
+(``FakeNvml``); it only ever uses handles NVML gave it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from topodra.sharing.mig import MigPlacement
+
+log = logging.getLogger(__name__)
+
+# GPU and compute instance IDs are small integers; listing tries each (works the same on every binding).
+MAX_GPU_INSTANCE_ID = 32
+MAX_COMPUTE_INSTANCE_ID = 8
+
+
+class MigError(RuntimeError):
+    """An instance could not be created or destroyed; the message names the GPU, placement and NVML error."""
+
+
+class MigInstance(BaseModel):
+    """One GPU instance with its compute instance: what the checkpoint records per prepared MIG device."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    parent_uuid: str
+    gpu_instance: int
+    compute_instance: int | None  # None: a GPU instance without a compute instance (a create cut short)
+    uuid: str = ""  # the MIG device UUID the container sees
+    profile_id: int = -1
+    start: int = -1
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.parent_uuid, self.gpu_instance
+
+
+class MigInstances:
+    """MIG instance operations over a ``pynvml``-compatible module (each call inits and shuts NVML down)."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+
+    @contextmanager
+    def _session(self) -> Iterator[None]:
+        self.nvml.nvmlInit()
+        try:
+            yield
+        finally:
+            self.nvml.nvmlShutdown()
+
+    def _not_found(self, e: BaseException) -> bool:
+        return any(isinstance(e, c) for c in (getattr(self.nvml, "NVMLError_NotFound", None),
+                                              getattr(self.nvml, "NVMLError_InvalidArgument", None)) if c)
+
+    def create(self, p: MigPlacement) -> MigInstance:
+        """A GPU instance at ``p`` plus a compute instance over all of it; MigError (nothing left) on failure."""
+        n = self.nvml
+        with self._session():
+            try:
+                h = n.nvmlDeviceGetHandleByUUID(p.parent_uuid)
+                placement = n.c_nvmlGpuInstancePlacement_t(p.start, p.size)
+                gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, p.profile_id, ctypes.byref(placement))
+            except n.NVMLError as e:
+                raise MigError(f"GPU {p.parent_uuid}: cannot create MIG {p.profile} instance at memory slice "
+                               f"{p.start}: {e}") from e
+            try:
+                ci = n.nvmlGpuInstanceCreateComputeInstance(gi, p.ci_profile_index)
+                gi_id = int(n.nvmlGpuInstanceGetInfo(gi).id)
+                ci_id = int(n.nvmlComputeInstanceGetInfo(ci).id)
+                uuid = self._mig_uuid(h, gi_id, ci_id)
+            except n.NVMLError as e:
+                self._destroy_quietly(gi)
+                raise MigError(f"GPU {p.parent_uuid}: cannot create the compute instance of MIG {p.profile} at "
+                               f"memory slice {p.start}: {e}") from e
+        inst = MigInstance(parent_uuid=p.parent_uuid, gpu_instance=gi_id, compute_instance=ci_id, uuid=uuid,
+                           profile_id=p.profile_id, start=p.start)
+        log.info("created MIG %s instance %s on GPU %s (GI %d, CI %d)", p.profile, uuid, p.parent_uuid, gi_id, ci_id)
+        return inst
+
+    def _mig_uuid(self, h: Any, gi: int, ci: int) -> str:
+        n = self.nvml
+        for i in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
+            try:
+                m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+            except n.NVMLError as e:
+                if self._not_found(e):
+                    continue
+                raise
+            if int(n.nvmlDeviceGetGpuInstanceId(m)) == gi and int(n.nvmlDeviceGetComputeInstanceId(m)) == ci:
+                return str(n.nvmlDeviceGetUUID(m))
+        raise n.NVMLError(n.NVML_ERROR_NOT_FOUND)
+
+    def _destroy_quietly(self, gi: Any) -> None:
+        try:
+            self.nvml.nvmlGpuInstanceDestroy(gi)
+        except self.nvml.NVMLError as e:
+            log.error("could not destroy a half-created GPU instance: %s", e)
+
+    def destroy(self, inst: MigInstance) -> bool:
+        """Destroy the compute and GPU instance; False if they were already gone. MigError otherwise."""
+        n = self.nvml
+        with self._session():
+            try:
+                h = n.nvmlDeviceGetHandleByUUID(inst.parent_uuid)
+                try:
+                    gi = n.nvmlDeviceGetGpuInstanceById(h, inst.gpu_instance)
+                except n.NVMLError as e:
+                    if self._not_found(e):
+                        return False
+                    raise
+                for ci_id in range(MAX_COMPUTE_INSTANCE_ID):
+                    try:
+                        ci = n.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+                    except n.NVMLError as e:
+                        if self._not_found(e):
+                            continue
+                        raise
+                    n.nvmlComputeInstanceDestroy(ci)
+                n.nvmlGpuInstanceDestroy(gi)
+            except n.NVMLError as e:
+                raise MigError(f"GPU {inst.parent_uuid}: cannot destroy MIG GPU instance {inst.gpu_instance}: "
+                               f"{e}") from e
+        log.info("destroyed MIG instance %s (GPU %s, GI %d)", inst.uuid or "?", inst.parent_uuid, inst.gpu_instance)
+        return True
+
+    def existing(self, parents: Iterable[str]) -> list[MigInstance]:
+        """The GPU instances (with their first compute instance) on the GPUs with these UUIDs."""
+        n = self.nvml
+        out: list[MigInstance] = []
+        with self._session():
+            for parent in parents:
+                h = n.nvmlDeviceGetHandleByUUID(parent)
+                for gi_id in range(MAX_GPU_INSTANCE_ID):
+                    try:
+                        gi = n.nvmlDeviceGetGpuInstanceById(h, gi_id)
+                    except n.NVMLError as e:
+                        if self._not_found(e):
+                            continue
+                        raise
+                    info = n.nvmlGpuInstanceGetInfo(gi)
+                    ci_id: int | None = None
+                    for c in range(MAX_COMPUTE_INSTANCE_ID):
+                        try:
+                            n.nvmlGpuInstanceGetComputeInstanceById(gi, c)
+                        except n.NVMLError as e:
+                            if self._not_found(e):
+                                continue
+                            raise
+                        ci_id = c
+                        break
+                    out.append(MigInstance(parent_uuid=parent, gpu_instance=gi_id, compute_instance=ci_id,
+                                           profile_id=int(info.profileId), start=int(info.placement.start)))
+        return out
+
+    def reconcile(self, parents: Iterable[str], recorded: Iterable[MigInstance]) -> list[MigInstance]:
+        """Destroy every instance on ``parents`` that ``recorded`` does not hold; returns those destroyed."""
+        keep = {r.key for r in recorded}
+        stray = [i for i in self.existing(parents) if i.key not in keep]
+        for inst in stray:
+            log.warning("destroying MIG GPU instance %d on GPU %s: no prepared claim records it (left by a prepare "
+                        "that did not finish)", inst.gpu_instance, inst.parent_uuid)
+            self.destroy(inst)
+        return stray
