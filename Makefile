@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv deps lint typecheck unit test demo demo-down bins proto clean fresh-check image helm-lint
+.PHONY: kind-test kind-smoke venv deps lint typecheck unit test demo demo-down bins proto clean fresh-check image helm-lint
 
 # System packages first: a fresh Debian 12 has no python3-venv, so `make venv` alone would fail there.
 deps:
@@ -31,6 +31,15 @@ typecheck: venv
 
 test: venv bins lint typecheck
 	$(VENV)/bin/pytest -q -ra --durations=15 tests
+
+# topodra on a real kind cluster with mock GPUs (tests/kind; hack/kind-up), deleted again afterwards. Starts a
+# private dockerd when no container engine works (hack/dockerd) and builds the offline node image on first
+# use (hack/kind-image). Not part of `make test`. kind-smoke: one node, the tests marked smoke.
+kind-test: venv bins
+	$(VENV)/bin/pytest -q -ra --durations=15 tests/kind
+
+kind-smoke: venv bins
+	TOPODRA_KIND_TOPOLOGY=single $(VENV)/bin/pytest -q -ra --durations=15 -m smoke tests/kind
 
 demo: venv bins
 	hack/demo
