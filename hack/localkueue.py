@@ -219,8 +219,18 @@ def start(c: Cluster, webhook_port: int, health_port: int, timeout: float = 120)
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ROLE},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": IDENTITY}]}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    # As config/components/rbac/manager_secrets_role.yaml: Kueue's cache watches Secrets in its namespace
+    # and no controller starts until that informer syncs.
+    secrets = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": f"{ROLE}-secrets", "namespace": NAMESPACE},
+               "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "update", "watch"]}]}
+    secrets_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": f"{ROLE}-secrets", "namespace": NAMESPACE},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{ROLE}-secrets"},
+                       "subjects": binding["subjects"]}
     hooks = webhook_configurations(man.webhooks, webhook_port, (c.pki / "ca.crt").read_bytes())
-    _kubectl(c, bins, "apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in [ns, role, binding, *hooks]))
+    _kubectl(c, bins, "apply", "-f", "-", input="\n---\n".join(
+        json.dumps(d) for d in [ns, role, binding, secrets, secrets_binding, *hooks]))
 
     c.start_process("kueue", [str(bins / "kueue"), f"--config={kdir / 'config.yaml'}",
                               "--zap-log-level=2"], env={"KUBECONFIG": str(kdir / "kubeconfig")})
@@ -230,6 +240,18 @@ def start(c: Cluster, webhook_port: int, health_port: int, timeout: float = 120)
              "metadata": {"name": "topodra-kueue-probe"}}
     c._wait("kueue", lambda: bool(c.api("POST", "/apis/kueue.x-k8s.io/v1beta2/resourceflavors?dryRun=All",
                                          probe)), timeout)
+    # ...and the controllers run (they start only once every informer synced, RBAC permitting):
+    # a ClusterQueue becomes Active.
+    cq = "/apis/kueue.x-k8s.io/v1beta2/clusterqueues"
+    c.api("POST", cq, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                       "metadata": {"name": "topodra-kueue-probe"}, "spec": {"namespaceSelector": {}}})
+
+    def active() -> bool:
+        conds = (c.api("GET", f"{cq}/topodra-kueue-probe").get("status") or {}).get("conditions") or []
+        return any(x.get("type") == "Active" and x.get("status") == "True" for x in conds)
+
+    c._wait("kueue", active, timeout)
+    c.api("DELETE", f"{cq}/topodra-kueue-probe")
     log(f"Kueue {KUEUE_VERSION} ready in {time.monotonic() - t0:.1f}s "
         f"(webhooks on 127.0.0.1:{webhook_port}, namespaces labelled {'='.join(NAMESPACE_LABEL)})")
 
