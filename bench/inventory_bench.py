@@ -116,17 +116,22 @@ def populate(kube: Kube, kubeconfig: Path, pods: int) -> int:
     return gpus
 
 
-def measure(kubeconfig: Path, runs: int, pods: int, save_png: Path | None) -> dict[str, Any]:
+def measure(kubeconfig: Path, runs: int, pods: int, save_png: Path | None,
+            baseline: Path | None = None) -> dict[str, Any]:
     kube = Kube.from_kubeconfig(str(kubeconfig))
     gpus = populate(kube, kubeconfig, pods)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         variants: dict[str, list[str]] = {"table": [], "json": ["-o", "json"], "png": ["--png", f"{tmp}/inv.png"]}
+        envs: dict[str, dict[str, str] | None] = dict.fromkeys(variants)
+        if baseline is not None:  # the same --png run with another checkout's driver/, under the same load
+            variants["png_baseline"] = ["--png", f"{tmp}/base.png"]
+            envs["png_baseline"] = {**os.environ, "PYTHONPATH": str(baseline / "driver")}
         walls: dict[str, list[float]] = {k: [] for k in variants}
         for i in range(runs):
             for name, extra in variants.items():  # interleaved, so drift in machine load hits all alike
                 t0 = time.perf_counter()
-                p = subprocess.run([*cli(kubeconfig), *extra], capture_output=True, text=True)
+                p = subprocess.run([*cli(kubeconfig), *extra], capture_output=True, text=True, env=envs[name])
                 walls[name].append(time.perf_counter() - t0)
                 if p.returncode != 0:
                     raise SystemExit(f"inventory {name} failed: {p.stderr[-2000:]}")
@@ -134,8 +139,7 @@ def measure(kubeconfig: Path, runs: int, pods: int, save_png: Path | None) -> di
                     data = json.loads(p.stdout)
                     if data["summary"]["total"] != 400 or data["summary"]["allocated"] != gpus:
                         raise SystemExit(f"unexpected inventory: {data['summary']}")
-            log(f"  run {i + 1}/{runs}: table {walls['table'][-1]:.2f}s, json {walls['json'][-1]:.2f}s, "
-                f"png {walls['png'][-1]:.2f}s")
+            log(f"  run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in walls.items()))
         out.update({f"{k}_wall_s": summarize(v) for k, v in walls.items()})
         out["samples"] = {k: [round(x, 3) for x in v] for k, v in walls.items()}
         if save_png is not None:
@@ -159,18 +163,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pods", type=int, default=56, help="jobs allocated before timing (default 56: ~half the GPUs)")
     ap.add_argument("--save-png", type=Path, default=None, help="keep the last --png picture here")
     ap.add_argument("--json", type=Path, default=None, help="result file (default bench/results/inventory-*.json)")
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="a checkout (e.g. `git worktree add /tmp/base HEAD~3`) whose driver/ also renders --png, "
+                         "interleaved with this one: png_baseline_wall_s")
     args = ap.parse_args(argv)
+    if args.baseline_src is not None and not (args.baseline_src / "driver/topodra/cli.py").is_file():
+        ap.error(f"--baseline-src {args.baseline_src}: no driver/topodra/cli.py there")
     if args.runs < 1 or not 0 <= args.pods <= 100:
         ap.error("--runs must be >= 1 and --pods in 0..100")
     load_start = os.getloadavg()
     result = {"benchmark": "inventory", "cluster": CLUSTER_FILE.name, "pods": args.pods, "runs": args.runs,
               "target_s": TARGET_S, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-              **with_cluster(lambda kc: measure(kc, args.runs, args.pods, args.save_png))}
+              **with_cluster(lambda kc: measure(kc, args.runs, args.pods, args.save_png, args.baseline_src))}
+    if args.baseline_src is not None:
+        result["baseline_src"] = str(args.baseline_src)
     # Other work on the machine inflates every number; the load average says how much there was.
     result["loadavg_1m"] = {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}
     path = args.json or REPO / "bench" / "results" / f"inventory-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    for k in ("table_wall_s", "json_wall_s", "png_wall_s", "fetch_s", "build_view_s"):
+    for k in ("table_wall_s", "json_wall_s", "png_wall_s", "png_baseline_wall_s", "fetch_s", "build_view_s"):
+        if k not in result:
+            continue
         s = result[k]
         print(f"{k:14} median {s['median']:.3f} [{s['median_ci95'][0]:.3f}, {s['median_ci95'][1]:.3f}]  "
               f"p99 {s['p99']:.3f}  min {s['min']:.3f}  max {s['max']:.3f}")

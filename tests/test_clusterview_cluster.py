@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -196,17 +197,29 @@ def test_inventory_on_enterprise_400(cluster: ClusterHandle, tmp_path: Path) -> 
             {"A100-SXM4-80GB": 128, "H100-SXM5-80GB": 192, "H200-SXM5-141GB": 80}
         assert all(m["largest"] == {"count": 8, "nvlink": 8, "rail_aligned": 8} for m in data["models"])
         assert (tmp_path / "e400.png").stat().st_size > 10_000
+        # The picture is drawn in a worker process: its errors still reach the operator, with exit 1.
+        bad = inventory(cluster, "-l", selector, "--png", str(tmp_path / "missing-dir" / "x.png"))
+        assert bad.returncode == 1 and "No such file or directory" in bad.stderr and not bad.stdout, bad
 
-        # --watch reports again and again until SIGTERM, then exits 0.
+        # --watch reports (and redraws --png) again and again until SIGTERM, then exits 0.
         watch = subprocess.Popen([sys.executable, "-m", "topodra.cli", "inventory", "--kubeconfig",
-                                  cluster.kubeconfig, "-l", selector, "--watch", "--interval", "0.5"],
+                                  cluster.kubeconfig, "-l", selector, "--watch", "--interval", "0.5",
+                                  "--png", str(tmp_path / "watch.png")],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")),  # type: ignore[union-attr]
+                                  daemon=True)
+        reader.start()
         try:
-            time.sleep(6)
+            wait_for(lambda: sum("Cluster: 400 GPUs" in line for line in list(lines)) >= 2, 120, "two reports")
         finally:
             watch.terminate()
-            out, err = watch.communicate(timeout=30)
+            err = watch.stderr.read() if watch.stderr else ""
+            watch.wait(30)
+            reader.join(30)
+        out = "".join(lines)
         assert watch.returncode == 0, err
         assert out.count("Cluster: 400 GPUs") >= 2, out[-2000:]
+        assert (tmp_path / "watch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         sim.delete()

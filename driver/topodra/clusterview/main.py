@@ -85,13 +85,39 @@ def emit(view: ClusterView, output: str, out: TextIO) -> None:
     out.flush()
 
 
-def once(inv: Inventory, args: argparse.Namespace, out: TextIO) -> None:
-    view = inv.load()
-    if args.png:
+class PngWriter:
+    """Renders ``--png`` in one worker process that starts before the cluster is read.
+
+    Importing matplotlib is most of a one-shot ``--png``'s time; in the worker it runs on another core
+    while this process lists the API objects and builds the view.  Under ``--watch`` the worker stays,
+    matplotlib already loaded.  Errors (no matplotlib, an unwritable path) come back as themselves.
+    """
+
+    def __init__(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from topodra.clusterview.picture import preload
+
+        # fork: the worker starts with what is already imported (a spawned one would start a new interpreter
+        # and import topodra again, eating the gain). Created before any thread of this process exists.
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        self._pool.submit(preload)
+
+    def write(self, view: ClusterView, path: str) -> None:
         from topodra.clusterview.picture import render_png
 
-        pic = render_png(view, args.png)
+        pic = self._pool.submit(render_png, view, path).result()
         log.debug("wrote %s (%dx%d px)", pic.path, pic.width, pic.height)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def once(inv: Inventory, args: argparse.Namespace, out: TextIO, png: PngWriter | None = None) -> None:
+    view = inv.load()
+    if png is not None:
+        png.write(view, args.png)
     emit(view, args.output, out)
 
 
@@ -131,16 +157,17 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
     if args.serve:
         return serve(inv, args.serve, args.interval, stop)
+    png = PngWriter() if args.png else None
     try:
         if not args.watch:
-            once(inv, args, sys.stdout)
+            once(inv, args, sys.stdout, png)
             return 0
         while not stop.is_set():
             t0 = time.monotonic()
             try:
                 if args.output == "table" and sys.stdout.isatty():
                     sys.stdout.write(CLEAR)
-                once(inv, args, sys.stdout)
+                once(inv, args, sys.stdout, png)
             except KubeError as e:  # the API server may come back: keep watching
                 log.error("cannot read the cluster: %s", e)
             stop.wait(max(0.0, args.interval - (time.monotonic() - t0)))
@@ -148,3 +175,6 @@ def run(args: argparse.Namespace) -> int:
     except (KubeError, RuntimeError, OSError) as e:
         log.error("%s", e)
         return 1
+    finally:
+        if png is not None:
+            png.close()

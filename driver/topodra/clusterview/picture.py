@@ -123,15 +123,24 @@ def title_lines(view: ClusterView) -> list[str]:
     return lines
 
 
-def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
-    """Draw the view into ``path`` (PNG). Needs matplotlib (``pip install 'topodra[png]'``)."""
+def preload() -> None:
+    """Import what ``render_png`` needs (most of a first render's time), e.g. in a worker started early."""
     try:  # the object API without pyplot: no global figure state, no GUI backend, fewer imports
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.collections import PolyCollection
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Patch, Rectangle
+        import matplotlib.backends.backend_agg
+        import matplotlib.collections
+        import matplotlib.figure
+        import matplotlib.patches  # noqa: F401
     except ImportError:
         raise RuntimeError("--png needs matplotlib: pip install 'topodra[png]'") from None
+
+
+def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
+    """Draw the view into ``path`` (PNG). Needs matplotlib (``pip install 'topodra[png]'``)."""
+    preload()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
 
     rows = row_order(view)
     ns_colours = namespace_colours(view)
