@@ -154,6 +154,8 @@ class NodeLabeler:
             try:
                 self.sync()
             except Exception as e:  # labels are optional: never take the plugin down
+                if self._stopping.is_set():  # e.g. the API client was closed under a call in flight
+                    return
                 self.failures += 1
                 wait = backoff(self.failures, *self._backoff)
                 log.warning("%s; retrying in %.1f s (failure %d in a row); the plugin keeps serving",
