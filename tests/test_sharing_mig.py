@@ -185,3 +185,18 @@ def test_apiserver_accepts_mig_pool(cluster: ClusterHandle) -> None:
     finally:
         for s in cluster.kube.list(slices_path(), field_selector=f"spec.driver={DRIVER},spec.nodeName={node}"):
             cluster.kube.delete(slices_path(s["metadata"]["name"]))
+
+
+def test_class_generator_learns_mig_and_shared_classes_from_slices() -> None:
+    from topodra import deviceclasses as dc
+
+    published = build_slices(DRIVER, "n1", None, load_backend("mock:dgx-a100-80gb-mig", "n1").discover(), 1)
+    assert dc.mig_sizes(published, DRIVER) == {1, 2, 3, 4, 7}
+    assert not dc.shared_gpus_published(published, DRIVER)
+    names = [o["metadata"]["name"] for o in dc.classes_for_models(["A100-SXM4-80GB"], mig_sizes={1, 3})]
+    assert "gpu-mig-1g" in names and "gpu-mig-3g" in names and "gpu-mig-2g" not in names
+    assert "gpu-shared-memory" not in names
+    shared = build_slices(DRIVER, "n2", None, load_backend("mock:l4", "n2", overrides={"shareGpuMemory": True})
+                          .discover(), 1)
+    assert dc.shared_gpus_published(shared, DRIVER)
+    assert "gpu-shared-memory" in [o["metadata"]["name"] for o in dc.classes_for_models(["L4"], with_shared=True)]

@@ -23,10 +23,11 @@ Building and validation are pure; only ``write_spec``/``remove_spec``/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import yaml
 
 from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.devices import Device
+from topodra.sharing.memory import limit_env
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class SpecDevice:
 
     device: Device
     share_id: str | None = None
+    consumed: Mapping[str, str] = dataclasses.field(default_factory=dict)  # consumedCapacity of a share
 
 
 def vendor(driver_name: str) -> str:
@@ -115,6 +118,7 @@ def _device_env(sd: SpecDevice, claim_uid: str) -> list[str]:
         env.append(f"TOPODRA_DEVICE_{frag}_MODEL={model.value}")
     if sd.share_id:
         env.append(f"TOPODRA_DEVICE_{frag}_SHARE_ID={sd.share_id}")
+    env.extend(limit_env(frag, sd.consumed))
     env.extend(f"{k}={v}" for k, v in sorted(d.env.items()))
     return env
 

@@ -11,7 +11,7 @@ Older versions are read through ``MIGRATIONS`` (a chain of pure payload
 upgrades, checked against the file's checksum first); the next write stores the
 current version.
 
-On-disk shape (``version`` 2; version 1 had no ``mig``)::
+On-disk shape (``version`` 2; version 1 had no ``mig`` and ``consumed_capacity``)::
 
     {"version": 1, "checksum": "<sha256 hex of canonical JSON of payload>",
      "payload": {"boot_id": "...", "claims": {"<uid>": {"uid": ..., "namespace": ...,
@@ -20,7 +20,8 @@ On-disk shape (``version`` 2; version 1 had no ``mig``)::
                               "cdi_device_ids": [...], "share_id": null,
                               "access": "exclusive"|"shared"|"admin",
                               "mig": null | {"parent_uuid": ..., "gpu_instance": 3, "compute_instance": 0,
-                                             "uuid": "MIG-...", "profile_id": 19, "start": 2}}]}}}}
+                                             "uuid": "MIG-...", "profile_id": 19, "start": 2},
+                              "consumed_capacity": {"memory": "20Gi"}}]}}}}
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class CheckpointDevice(BaseModel):
     access: Access = "exclusive"
     # The MIG instance prepare created for this device (a MIG placement device), destroyed by unprepare.
     mig: MigInstance | None = None
+    # consumedCapacity of a shared allocation (GPU memory shares): re-creates the share's limit env.
+    consumed_capacity: dict[str, str] = Field(default_factory=dict)
 
 
 class ClaimEntry(BaseModel):

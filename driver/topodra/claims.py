@@ -35,6 +35,7 @@ class AllocatedDevice:
     device: str
     share_id: str | None
     access: Access
+    consumed: tuple[tuple[str, str], ...] = ()  # consumedCapacity of a shared allocation: (name, quantity)
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,10 @@ def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str,
             raise ClaimError(f"claim {ref}: device {pool}/{name} is from pool {pool}, but this is node "
                              f"{node_name} (pool {pool_name}); the claim is for another node")
         share = r.get("shareID")
+        consumed = tuple(sorted((str(k), str(v)) for k, v in (r.get("consumedCapacity") or {}).items()))
         devices.append(AllocatedDevice(request=base_request_name(str(r.get("request", ""))), device=name,
-                                       share_id=str(share) if share else None, access=access_of(r)))
+                                       share_id=str(share) if share else None, access=access_of(r),
+                                       consumed=consumed))
     return AllocatedClaim(ref, tuple(devices))
 
 

@@ -33,7 +33,7 @@ class ClassSpec:
     """One catalog entry: the class name, what it is for, and its predicate."""
 
     name: str
-    kind: str  # generic | model | memory | architecture | nic | mig
+    kind: str  # generic | model | memory | architecture | nic | mig | shared
     description: str
     match: DeviceMatch
 
@@ -70,6 +70,8 @@ ARCHITECTURE_FLOORS: dict[str, tuple[str, str]] = {
 # a claim narrows it with a selector on the ``profile`` attribute.
 MIG_SIZES: tuple[int, ...] = (1, 2, 3, 4, 7)
 
+SHARED_MEMORY_CLASS = "gpu-shared-memory"  # nodes with shareGpuMemory (topodra.sharing.memory)
+
 GENERIC_CLASS = DEFAULT_DRIVER_NAME
 NIC_CLASS = "nic.topodra.io"
 
@@ -90,6 +92,9 @@ def catalog(driver: str = DEFAULT_DRIVER_NAME) -> list[ClassSpec]:
     for n in MIG_SIZES:
         specs.append(ClassSpec(f"gpu-mig-{n}g", "mig", f"MIG slices with {n} compute slice(s) ({n}g.* profiles)",
                                DeviceMatch(type="mig", computeSlices=n)))
+    specs.append(ClassSpec(SHARED_MEMORY_CLASS, "shared",
+                           "GPUs shared by memory: each claim takes the memory it requests (advisory without MPS)",
+                           DeviceMatch(type="gpu-shared")))
     specs.append(ClassSpec(NIC_CLASS, "nic", "RDMA NICs published next to the GPUs (rail attribute)",
                            DeviceMatch(type="nic")))
     return specs
@@ -135,12 +140,13 @@ def model_class_name(model: str) -> str:
 
 
 def classes_for_models(models: Iterable[str], *, with_nic: bool = False, mig_sizes: Iterable[int] = (),
-                       driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
+                       with_shared: bool = False, driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
     """DeviceClasses worth installing for a cluster whose GPUs have these models.
 
     Generic, memory and architecture classes always; a family class when one of
     its models is present; a single-model class for a model the catalog does not
-    know; the NIC class when NICs are published; a MIG class per published slice size.
+    know; the NIC class when NICs are published; a MIG class per published slice size; the shared-memory
+    class when GPUs shared by memory are published.
     """
     present = {m for m in models if m}
     sizes = set(mig_sizes)
@@ -153,11 +159,20 @@ def classes_for_models(models: Iterable[str], *, with_nic: bool = False, mig_siz
             continue
         if spec.kind == "mig" and spec.match.compute_slices not in sizes:
             continue
+        if spec.kind == "shared" and not with_shared:
+            continue
         out.append(spec)
     for model in sorted(present - known):
         out.append(ClassSpec(model_class_name(model), "model", f"GPUs of model {model}",
                              DeviceMatch(type="gpu", models=(model,))))
     return [to_device_class(s, driver) for s in out]
+
+
+def shared_gpus_published(slices: Iterable[dict[str, Any]], driver: str) -> bool:
+    """Whether ResourceSlices of ``driver`` hold GPUs shared by memory (type ``gpu-shared``)."""
+    return any((dev.get("attributes") or {}).get("type", {}).get("string") == "gpu-shared"
+               for sl in slices if (sl.get("spec") or {}).get("driver") == driver
+               for dev in (sl.get("spec") or {}).get("devices") or [])
 
 
 def mig_sizes(slices: Iterable[dict[str, Any]], driver: str) -> set[int]:
@@ -255,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         log.info("models present: %s; NICs: %s", ", ".join(sorted(models)), has_nic)
         objs = classes_for_models(models, with_nic=has_nic, mig_sizes=mig_sizes(slices, args.driver_name),
+                                  with_shared=shared_gpus_published(slices, args.driver_name),
                                   driver=args.driver_name)
     if args.write_dir:
         out = Path(args.write_dir)

@@ -82,6 +82,10 @@ class Device(BaseModel):
     # slices) and counter set -> counter -> amount this device consumes when allocated.
     shared_counters: dict[str, dict[str, str]] = Field(default_factory=dict)
     consumes_counters: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # Consumable capacity (topodra.sharing.memory): several claims may share the device; capacity name ->
+    # request policy {"default", "min", "step"} as quantities.
+    allow_multiple_allocations: bool = False
+    capacity_policies: dict[str, dict[str, str]] = Field(default_factory=dict)
     # Private, used only at prepare time.
     uuid: str = ""
     device_nodes: tuple[str, ...] = ()

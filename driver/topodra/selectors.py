@@ -63,7 +63,7 @@ class DeviceMatch(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    type: Literal["gpu", "nic", "mig"]
+    type: Literal["gpu", "nic", "mig", "gpu-shared"]
     models: tuple[str, ...] | None = None
     compute_slices: int | None = Field(default=None, alias="computeSlices", ge=1)  # MIG slices (type "mig")
     min_memory: str | None = Field(default=None, alias="minMemory")

@@ -37,6 +37,11 @@ def device_to_api(d: Device, taints: Sequence[DeviceTaint] = ()) -> dict[str, An
         out["attributes"] = {k: v.to_api() for k, v in sorted(d.attributes.items())}
     if d.capacity:
         out["capacity"] = {k: {"value": v} for k, v in sorted(d.capacity.items())}
+        for k, p in d.capacity_policies.items():
+            out["capacity"][k]["requestPolicy"] = {"default": p["default"],
+                                                   "validRange": {"min": p["min"], "step": p["step"]}}
+    if d.allow_multiple_allocations:
+        out["allowMultipleAllocations"] = True
     if d.consumes_counters:
         out["consumesCounters"] = [
             {"counterSet": cs, "counters": {k: {"value": v} for k, v in sorted(c.items())}}

@@ -296,7 +296,7 @@ class DeviceState:
                                  f"{self.node_name}; cannot re-create its CDI spec")
             if d.mig is not None:
                 dev = dev.model_copy(update={"uuid": d.mig.uuid})
-            sds.append(cdi.SpecDevice(dev, d.share_id))
+            sds.append(cdi.SpecDevice(dev, d.share_id, d.consumed_capacity))
         return cdi.valid_spec(self.driver_name, entry.uid, sds)
 
     # ---- MIG instances ----
@@ -502,7 +502,7 @@ class DeviceState:
                 raise ClaimError(f"claim {c.ref}: device {a.device} is allocated twice in this claim "
                                  "without sharing")
             mine.setdefault(a.device, []).append(a.access)
-            sds.append(cdi.SpecDevice(dev, a.share_id))
+            sds.append(cdi.SpecDevice(dev, a.share_id, dict(a.consumed)))
         spec = cdi.valid_spec(self.driver_name, c.ref.uid, sds)
         entry_devices = []
         for a, spec_dev in zip(c.devices, spec["devices"], strict=True):
@@ -511,7 +511,7 @@ class DeviceState:
                 ids.append(nvidia_ids[a.device])
             entry_devices.append(CheckpointDevice(
                 request_names=[a.request] if a.request else [], pool_name=self.pool_name, device_name=a.device,
-                cdi_device_ids=ids, share_id=a.share_id, access=a.access))
+                cdi_device_ids=ids, share_id=a.share_id, access=a.access, consumed_capacity=dict(a.consumed)))
         # Completed at once: the CDI spec is this claim's only side effect (see the module docstring).
         entry = ClaimEntry(uid=c.ref.uid, namespace=c.ref.namespace, name=c.ref.name, state=PREPARE_COMPLETED,
                            devices=entry_devices)

@@ -42,6 +42,11 @@ class DiscoveryConfig(BaseModel):
         alias="excludeMultiPort",
         description="exclude RDMA functions sharing sys_image_guid (dual-port storage cards)",
     )
+    share_gpu_memory: bool = Field(
+        default=False,
+        alias="shareGpuMemory",
+        description="publish whole GPUs (MIG off) as shareable by memory (consumable capacity, docs/sharing.md)",
+    )
     nvlink_domain_size: int | None = Field(
         default=None,
         alias="nvlinkDomainSize",

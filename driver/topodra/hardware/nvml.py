@@ -25,6 +25,7 @@ from topodra.hardware.base import DiscoveryConfig, DiscoveryError
 from topodra.hardware.nvlink import LinkPeer, fabric_domain_id, local_domain_id, local_groups
 from topodra.hardware.pairing import assign_rails, pair_gpus, select_compute_nics
 from topodra.hardware.sysfs import BDF, Sysfs
+from topodra.sharing.memory import shared
 from topodra.sharing.mig import MigProfile, partition
 
 log = logging.getLogger(__name__)
@@ -374,6 +375,8 @@ class NvmlBackend:
         bdf_of = {g.uuid: g.bdf for g in gpus}
         # MIG-enabled GPUs: the whole GPU consumes a counter set that its placement devices share.
         devices = [x for d in devices for x in (partition(d, migs[bdf_of[d.uuid]]) if bdf_of[d.uuid] in migs else [d])]
+        if self.config.share_gpu_memory:  # opt-in: whole GPUs shared by memory (consumable capacity)
+            devices = [shared(d) if d.kind == "gpu" and not d.consumes_counters else d for d in devices]
         devices.extend(
             nic_device(idx, nic, rails[nic.name], device_nodes=self.host_device_nodes)
             for idx, nic in enumerate(compute)
