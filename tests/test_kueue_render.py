@@ -141,3 +141,31 @@ def test_nvlink_domain_sizes() -> None:
     assert kq.nvlink_domain_size("GB200") == 8
     assert kq.nvlink_domain_size("H100-NVL-94GB") == 2
     assert kq.nvlink_domain_size("L40S") == 1
+
+
+def test_cli_render_prints_flavors_and_pod_fields(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from topodra.cli import main
+
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
+                                    "metadata": {"name": "train"},
+                                    "spec": {"queueing": "Kueue", "localQueue": "team-a",
+                                             "alternatives": alts(("gpu-h200", 4), ("gpu-h100", 4)),
+                                             "topology": {"nvlink": "Required"}}}))
+    assert main(["kueue", "render", str(prof)]) == 0
+    out, err = capsys.readouterr()
+    docs = list(yaml.safe_load_all(out))
+    assert [d["metadata"]["name"] for d in docs[:-1]] == ["gpu-h200-sxm5-141gb", "gpu-h100-sxm5-80gb"]
+    assert docs[-1]["metadata"]["labels"] == {kq.QUEUE_LABEL: "team-a"}
+    assert docs[-1]["spec"]["containers"][0]["resources"]["limits"] == {"gpu.topodra.io/gpu": "4"}
+    assert "H100-PCIE-80GB" in err and "left out" in err
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"metadata": {"name": "x"}, "spec": {
+        "queueing": "Kueue", "localQueue": "q", "alternatives": alts(("gpu-h100", 2)),
+        "topology": {"nic": "RailAligned"}}}))
+    assert main(["kueue", "render", str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "RailAligned" in err

@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("topodra.simulate", "publish ResourceSlices for a simulated cluster of kubelet-less nodes"),
     "controller": ("topodra.controller.main", "run the ClaimProfile controller"),
     "deviceclasses": ("topodra.deviceclasses", "generate DeviceClasses from the cluster's ResourceSlices"),
+    "kueue": ("topodra.controller.kueuecli", "render a Kueue-mode ClaimProfile as ResourceFlavors and pod fields"),
     "discover": ("topodra.hardware.cli", "print the devices discovered on this host (or a mock profile)"),
     "placement-scorer": ("topodra.placement.main",
                          "run the fragmentation-aware kube-scheduler extender (prioritize only)"),
