@@ -200,3 +200,15 @@ def test_class_generator_learns_mig_and_shared_classes_from_slices() -> None:
                           .discover(), 1)
     assert dc.shared_gpus_published(shared, DRIVER)
     assert "gpu-shared-memory" in [o["metadata"]["name"] for o in dc.classes_for_models(["L4"], with_shared=True)]
+
+
+def test_slices_of_a_tainted_gpu_carry_its_taint() -> None:
+    from topodra.health.policy import XID_KEY, DeviceTaint, Effect
+    from topodra.slices import published_taints
+
+    devs = load_backend("mock:dgx-a100-80gb-mig", "n1").discover()
+    xid = DeviceTaint(XID_KEY, "79", Effect.NO_EXECUTE, 1_700_000_000)
+    out = build_slices(DRIVER, "n1", None, devs, 1, {"gpu-3": [xid]})
+    tainted = sorted(d["name"] for s in out for d in s["spec"].get("devices") or [] if d.get("taints"))
+    assert tainted == sorted(["gpu-3", *(d.name for d in devs if d.name.startswith("gpu-3-mig-"))])
+    assert published_taints(out) == {"gpu-3": [xid]}, "slice taints are derived, never adopted as their own"

@@ -60,7 +60,12 @@ def build_slices(driver_name: str, node_name: str, node_uid: str | None,
                  devices: Sequence[Device], generation: int,
                  taints: Mapping[str, Sequence[DeviceTaint]] | None = None) -> list[dict[str, Any]]:
     """The complete desired set of ResourceSlices for one node's pool; ``taints``: device name → its taints."""
-    taints = {n: ts for n, ts in (taints or {}).items() if ts}
+    taints = {n: list(ts) for n, ts in (taints or {}).items() if ts}
+    # A MIG slice is as healthy as its GPU: it carries the parent's taints (published_taints skips them).
+    for d in devices:
+        parent = d.attributes.get("parentDevice")
+        if d.kind == "mig" and parent is not None and str(parent.value) in taints:
+            taints[d.name] = [*taints.get(d.name, []), *taints[str(parent.value)]]
     names = [d.name for d in devices]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -116,6 +121,8 @@ def published_taints(slices: Iterable[dict[str, Any]]) -> dict[str, list[DeviceT
         if int(s["spec"]["pool"].get("generation", 0)) != newest:
             continue
         for d in s["spec"].get("devices") or []:
+            if ((d.get("attributes") or {}).get("type") or {}).get("string") == "mig":
+                continue  # derived from the parent GPU's taints
             ours = [t for t in (DeviceTaint.from_api(x) for x in d.get("taints") or []) if t is not None]
             if ours:
                 out[str(d["name"])] = ours
