@@ -143,6 +143,8 @@ def test_helm_install_upgrade_rollback_uninstall_on_the_real_node(node_cluster: 
     subprocess.run([*ctr, "images", "tag", "--force", "localhost/topodra:0.1.0", f"localhost/topodra:{TAG2}"],
                    check=True, capture_output=True)
     nc.kubectl("label", "node", nc.node_name, "topodra.io/kubelet-plugin=true", "--overwrite")
+    # Earlier plugins of the session may have labelled the node: the pod below must do it again.
+    nc.kube.merge_patch(f"/api/v1/nodes/{nc.node_name}", {"metadata": {"labels": {"topodra.io/gpu-count": None}}})
     ns = nc.namespace("helm-node")
     cdi_before = set(Path("/var/run/cdi").glob(f"{spec_file_prefix(DRIVER)}*"))
     follower = LogFollower(nc, tmp_path)
@@ -158,6 +160,9 @@ def test_helm_install_upgrade_rollback_uninstall_on_the_real_node(node_cluster: 
         wait_for(lambda: sum(len(s["spec"]["devices"]) for s in nc.kube.list(
             slices_path(), field_selector=f"spec.driver={DRIVER},spec.nodeName={nc.node_name}")) == 16, 60,
             "16 devices published by the plugin pod")
+        # The plugin pod labels its own Node through RBAC + the own-node-labels admission policy (pod-bound token).
+        wait_for(lambda: ((nc.kube.get(f"/api/v1/nodes/{nc.node_name}") or {}).get("metadata", {}).get("labels", {})
+                          .get("topodra.io/gpu-count") == "8"), 60, "the plugin pod to label its Node")
         # An example pod gets two GPUs from the plugin running in its pod.
         pin = f"  nodeSelector: {{kubernetes.io/hostname: {nc.node_name}}}\n"
         text = (REPO / "deploy/examples/gpu-2-basic.yaml").read_text().replace(
