@@ -682,12 +682,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
     try:
         with instance_lock(args.lock_timeout):
-            results = run_matrix(args, cluster, policies)
+            failed: list[dict[str, Any]] = []
+            results = run_matrix(args, cluster, policies, failed)
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
         print(f"bench/placement: {e}", file=sys.stderr)
         return 1
-    return finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
-                         "policies": {k: pm.POLICIES[k] for k in policies}}, results_as_dicts(results), out)
+    if not results:
+        print(f"bench/placement: every run failed: {failed}", file=sys.stderr)
+        return 1
+    rc = finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
+                       "policies": {k: pm.POLICIES[k] for k in policies}, "failed_runs": failed},
+                results_as_dicts(results), out)
+    if failed:
+        print(f"bench/placement: {len(failed)} run(s) failed and are not in the results: {failed}", file=sys.stderr)
+        return 1
+    return rc
 
 
 def results_as_dicts(results: Sequence[RunResult]) -> list[dict[str, Any]]:
@@ -762,7 +771,9 @@ def start_private_cluster(attempts: int = 3) -> localcluster.Cluster:
     raise AssertionError("unreachable")
 
 
-def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Sequence[str]) -> list[RunResult]:
+def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Sequence[str],
+               failed: list[dict[str, Any]]) -> list[RunResult]:
+    """Every (policy, seed) run; a run that fails is logged into ``failed`` and the matrix goes on."""
     t0 = time.monotonic()
     lc = start_private_cluster()  # use_policy restarts kube-scheduler with the first policy's configuration
     env: Env | None = None
@@ -778,7 +789,11 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         for policy in policies:
             env.use_policy(policy)
             for seed in seeds_of(args):
-                results.append(run_once(env, args, policy, seed))
+                try:
+                    results.append(run_once(env, args, policy, seed))
+                except BenchError as e:  # e.g. --run-timeout: keep the other runs of the matrix
+                    log(f"({policy}) seed {seed} failed: {e}")
+                    failed.append({"policy": policy, "seed": seed, "error": str(e)})
     finally:
         if env is not None:
             env.stop_scorer()
