@@ -130,3 +130,48 @@ def test_kill_after_instance_creation_leaks_nothing(node_cluster: ClusterHandle,
         f"TOPODRA_DEVICE_{env['TOPODRA_VISIBLE_DEVICES'].upper().replace('-', '_').replace('.', '_')}_CLAIM_UID", "")
     delete_pod(nc, ns, "p")
     wait_for(lambda: parent not in instances(mig_state), 60, "no leaked MIG instance")
+
+
+def test_memory_shares_see_their_limits(node_cluster: ClusterHandle, plugin: PluginProcess,
+                                        tmp_path: Path) -> None:
+    """The same node, its plugin restarted on a GPU-memory-sharing config: two shares of gpu-0, each its limit."""
+    nc = node_cluster
+    cfg = tmp_path / "hardware.yaml"
+    cfg.write_text("shareGpuMemory: true\n")
+    nc.apply_yaml(REPO / "deviceclasses/gpu-shared-memory.yaml")
+    plugin.stop()
+    shared = PluginProcess(nc.kubeconfig, nc.node_name, nc.lc.logs / "topodra-plugin-shared.log",
+                           hardware="mock:dgx-a100-80gb", extra_env={**plugin.extra_env,
+                                                                     "TOPODRA_HARDWARE_CONFIG": str(cfg)})
+    shared.start()
+    try:
+        ns = nc.namespace("memshare")
+        wait_for(lambda: published_type(nc, "gpu-0") == "gpu-shared", 60, "gpu-0 published as shared")
+        for name, mem in (("a", "20Gi"), ("b", "30Gi")):
+            nc.kube.create(f"{R}/namespaces/{ns}/resourceclaimtemplates", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                    "deviceClassName": "gpu-shared-memory", "capacity": {"requests": {"memory": mem}},
+                    "selectors": [{"cel": {"expression": f"{D}.minor == 0"}}]}}]}}}})
+            pod(nc, ns, name, {"resourceClaimTemplateName": name}, "env | sort; sleep 3600")
+        gpu0 = parent_uuid(nc, "gpu-0")
+        for name, mem in (("a", "20Gi"), ("b", "30Gi")):
+            wait_phase(nc, ns, name, "Running")
+            wait_for(functools.partial(logged_env, nc, ns, name), 30, f"{name}'s env")
+            env = env_of(nc.kubectl("logs", "-n", ns, name))
+            assert env["NVIDIA_VISIBLE_DEVICES"] == gpu0 and env["TOPODRA_VISIBLE_DEVICES"] == "gpu-0"
+            assert env["TOPODRA_DEVICE_GPU_0_MEMORY_LIMIT"] == mem
+            assert env["TOPODRA_DEVICE_GPU_0_SHARE_ID"]
+        for name in ("a", "b"):
+            delete_pod(nc, ns, name)
+    finally:
+        shared.stop()
+        plugin.start()
+
+
+def published_type(nc: ClusterHandle, gpu: str) -> str | None:
+    for s in nc.kube.list(slices_path(), field_selector=f"spec.driver=gpu.topodra.io,spec.nodeName={nc.node_name}"):
+        for d in s["spec"].get("devices") or []:
+            if d["name"] == gpu:
+                return str(d["attributes"]["type"]["string"])
+    return None
