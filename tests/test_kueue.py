@@ -20,7 +20,7 @@ from typing import Any
 
 import localkueue
 import pytest
-from conftest import ClusterHandle, wait_for
+from conftest import REPO, ClusterHandle, wait_for
 from localcluster import free_port
 from test_extended_resource import ext_claim
 from test_scheduling_topology import RUN_LABEL, Scenario, one, scenario_maker
@@ -292,10 +292,14 @@ def test_two_teams_fall_back_h200_to_h100_and_borrow(teams: Callable[..., Teams]
         nodes.append(node)
     assert len(set(nodes)) == 3
     # The third job used team B's idle H100 quota: team A borrows 8.
-    usage = {f["name"]: f["resources"][0] for f in
-             (s.kube.get(f"{KUEUE}/clusterqueues/{cq_a}") or {})["status"]["flavorsUsage"]}
-    assert usage[kq.flavor_name(H100)]["total"] == "16" and usage[kq.flavor_name(H100)]["borrowed"] == "8"
-    assert usage[kq.flavor_name(H200)]["total"] == "8"
+    # (ClusterQueue status is written after admission, asynchronously: wait for it.)
+    def usage() -> dict[str, tuple[str, str]]:
+        st = (s.kube.get(f"{KUEUE}/clusterqueues/{cq_a}") or {}).get("status") or {}
+        return {f["name"]: (str(f["resources"][0].get("total")), str(f["resources"][0].get("borrowed", "0")))
+                for f in st.get("flavorsUsage") or []}
+
+    want_usage = {kq.flavor_name(H200): ("8", "0"), kq.flavor_name(H100): ("16", "8")}
+    wait_for(lambda: usage() == want_usage, 30, f"team A's usage {want_usage}")
     # Nothing left anywhere: the next job waits in Kueue, with no pod and no claim.
     t.job(s.ns, "train-3", plan)
     msg = t.wait_pending(s.ns, "train-3")
@@ -324,8 +328,8 @@ def test_high_priority_job_preempts_and_gets_the_devices(teams: Callable[..., Te
     [(node_h, high_devs)] = t.allocated(s.ns, "high")
     # The low job's claim was released and its 8 GPUs went to the high job.
     assert node_h == node and {d["_device"] for d in high_devs} == {d["_device"] for d in low_devs}
-    left = {c["metadata"]["name"] for c in s.kube.list(claim_path(s.ns))}
-    assert not (left & low_claims)
+    wait_for(lambda: not ({c["metadata"]["name"] for c in s.kube.list(claim_path(s.ns))} & low_claims), 60,
+             "the low job's claim deleted")
     # The low job waits for quota again, without pods.
     t.wait_pending(s.ns, "low")
 
@@ -351,3 +355,44 @@ def test_two_pod_job_is_admitted_all_or_nothing(teams: Callable[..., Teams]) -> 
     placed = t.allocated(s.ns, "pair", pods=2)
     assert all(len(devs) == 4 and one(d["model"] for d in devs) == H100 for _n, devs in placed)
     assert {n for n, _d in placed} <= set(s.nodes("h100"))
+
+
+def test_controller_reports_what_kueue_mode_cannot_express(cluster: ClusterHandle) -> None:
+    """Through the real API (CRD schema, status subresource): unsupported wishes land in status, not nowhere."""
+    cluster.install_claimprofile_crd()
+    cluster.apply_yaml(REPO / "deviceclasses")
+    ns = cluster.namespace("kq-status")
+    cfg = ControllerConfig(namespaces=(ns,))
+    try:
+        def status_of(name: str, spec: Obj) -> Obj:
+            body = cluster.kube.create(profile_path(ns), {"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
+                                                          "metadata": {"name": name}, "spec": spec})
+            process(cluster.kube, body, cfg, SnapshotCache(cfg))
+            st: Obj = (cluster.kube.get(profile_path(ns, name)) or {})["status"]
+            return st
+
+        st = status_of("rails", {"queueing": "Kueue", "localQueue": "q", "topology": {"nic": "RailAligned"},
+                                 "alternatives": [{"deviceClassName": "gpu-h100", "count": 2}]})
+        cond = next(c for c in st["conditions"] if c["type"] == "KueueAdmissible")
+        assert (cond["status"], cond["reason"]) == ("False", "KueueUnsupported") and "RailAligned" in cond["message"]
+        assert "RailAligned" in st["queueing"]["message"]
+        # The template is still written: the profile works without Kueue.
+        assert next(c for c in st["conditions"] if c["type"] == "Ready")["status"] == "True"
+
+        st = status_of("nvl", {"queueing": "Kueue", "localQueue": "q", "topology": {"nvlink": "Required"},
+                               "alternatives": [{"deviceClassName": "gpu-h100", "count": 4}]})
+        q = st["queueing"]
+        assert q["flavors"] == [kq.flavor_name(H100)] and q["resourceName"] == "gpu.topodra.io/gpu" and q["count"] == 4
+        for left_out in ("H100-NVL-94GB", "H100-PCIE-80GB"):
+            assert any(left_out in u for u in q["unsupported"]), q
+        assert next(c for c in st["conditions"] if c["type"] == "KueueAdmissible")["status"] == "True"
+
+        # Kueue mode without a LocalQueue is refused by the CRD itself.
+        with pytest.raises(KubeError) as err:
+            cluster.kube.create(profile_path(ns), {"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
+                                                   "metadata": {"name": "noq"}, "spec": {
+                                                       "queueing": "Kueue",
+                                                       "alternatives": [{"deviceClassName": "gpu-h100"}]}})
+        assert err.value.status == 422 and "localQueue" in str(err.value)
+    finally:
+        cluster.kube.delete(namespace_path(ns))
