@@ -85,7 +85,7 @@ def test_failed_create_changes_nothing(tmp_path: Path) -> None:
     assert "cannot create MIG 3g.40gb instance at memory slice 0" in res["b"].error
     assert f"code {pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES}" in res["b"].error, res["b"].error
     assert nvml.mig_instances() == before, "the 1g.10gb created before the failing 3g.40gb must be destroyed"
-    assert not list((tmp_path / "cdi").glob("*-b*"))
+    assert not list((tmp_path / "cdi").glob("*claim_b.*"))
     assert "b" not in checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims  # type: ignore[union-attr]
 
 
@@ -142,3 +142,32 @@ def test_kill_during_instance_creation_leaks_nothing(tmp_path: Path, point: str)
     # The kubelet retries: the claim is prepared afresh.
     assert st.prepare([claim("k", "gpu-3-mig-3g-40gb-0", "gpu-3-mig-1g-10gb-4")])["k"].error == ""
     assert len(nvml.mig_instances()[str(nvml.facts.gpus[3].uuid)]) == 2
+
+
+def on_this_host(devices: list[Device], gpu: str) -> list[Device]:
+    """The devices as if ``gpu`` were this host's (it then has /dev/nvidia<minor>, and so do its slices)."""
+    node = f"/dev/nvidia{gpu.removeprefix('gpu-')}"
+    return [d.model_copy(update={"device_nodes": (node,)}) if d.name == gpu or d.name.startswith(gpu + "-mig-")
+            else d for d in devices]
+
+
+def test_host_gpus_give_containers_the_mig_capability_nodes(tmp_path: Path) -> None:
+    devices, nvml = hardware(tmp_path)
+    devices = on_this_host(devices, "gpu-2")
+    proc = tmp_path / "proc"
+    gi = proc / "driver/nvidia/capabilities/gpu2/mig/gi1"
+    (gi / "ci0").mkdir(parents=True)
+    (gi / "access").write_text("DeviceFileMinor: 30\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (gi / "ci0" / "access").write_text("DeviceFileMinor: 31\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    st = DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state",
+                     boot_id_path=str(tmp_path / "boot"), nvidia_spec_dirs=[],
+                     mig=MigInstances(nvml, proc_root=str(proc)))
+    assert st.prepare([claim("h", "gpu-2-mig-2g-20gb-0")])["h"].error == ""
+    (path,) = (tmp_path / "cdi").glob("*claim_h.*")
+    spec = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    nodes = [n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
+    assert nodes == ["/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
+    # A second instance (GI 2) has no capability files here: the claim fails and its instance is destroyed.
+    res = st.prepare([claim("x", "gpu-2-mig-1g-10gb-4")])
+    assert "cannot read MIG capability" in res["x"].error
+    assert [(g.profileId, g.start) for g in nvml.mig_instances()[str(nvml.facts.gpus[2].uuid)]] == [(14, 0)]

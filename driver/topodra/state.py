@@ -295,7 +295,7 @@ class DeviceState:
                 raise ClaimError(f"claim {entry.ref}: device {d.device_name} is no longer present on node "
                                  f"{self.node_name}; cannot re-create its CDI spec")
             if d.mig is not None:
-                dev = dev.model_copy(update={"uuid": d.mig.uuid})
+                dev = dev.model_copy(update={"uuid": d.mig.uuid, "device_nodes": self._mig_nodes(dev, d.mig)})
             sds.append(cdi.SpecDevice(dev, d.share_id, d.consumed_capacity))
         return cdi.valid_spec(self.driver_name, entry.uid, sds)
 
@@ -324,6 +324,19 @@ class DeviceState:
             self._destroy_mig(made)
             raise
         return entry.model_copy(update={"devices": out})
+
+    def _mig_nodes(self, dev: Device, inst: MigInstance) -> tuple[str, ...]:
+        """A MIG device's nodes: the parent's ``/dev/nvidiaN`` plus the instance's capability nodes (this host's
+        GPUs only; mock hardware has none)."""
+        if not dev.device_nodes:
+            return ()
+        if self.mig is None:
+            raise ClaimError(f"device {dev.name}: no NVML access to find its MIG capability device nodes")
+        try:
+            minor = int(str(dev.attributes["parentDevice"].value).removeprefix("gpu-"))
+            return (*dev.device_nodes, *self.mig.cap_device_nodes(inst, minor))
+        except (KeyError, ValueError, MigError) as e:
+            raise ClaimError(f"device {dev.name}: {e}") from e
 
     def _destroy_mig(self, instances: Sequence[MigInstance]) -> None:
         for inst in instances:
@@ -422,6 +435,7 @@ class DeviceState:
                         entry = self._create_mig(entry, devices)
                         spec = self._spec_for(entry, devices)
                 except (ClaimError, cdi.CDISpecInvalid) as e:
+                    self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])  # created, unusable
                     log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
                     results[ref.uid] = PrepareResult([], str(e))
                     continue

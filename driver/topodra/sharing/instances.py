@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 # GPU and compute instance IDs are small integers; listing tries each (works the same on every binding).
 MAX_GPU_INSTANCE_ID = 32
 MAX_COMPUTE_INSTANCE_ID = 8
+_DEVICE_FILE_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.M)
 
 
 class MigError(RuntimeError):
@@ -52,8 +54,31 @@ class MigInstance(BaseModel):
 class MigInstances:
     """MIG instance operations over a ``pynvml``-compatible module (each call inits and shuts NVML down)."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, proc_root: str = "/proc") -> None:
         self.nvml = nvml
+        self.proc_root = proc_root
+
+    def cap_device_nodes(self, inst: MigInstance, parent_minor: int) -> tuple[str, ...]:
+        """The ``/dev/nvidia-caps/nvidia-cap<N>`` nodes a container needs to open this GPU and compute instance.
+
+        The driver names them in ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access``
+        (``DeviceFileMinor: N``).  MigError when a file is missing or unreadable.
+        """
+        base = f"{self.proc_root}/driver/nvidia/capabilities/gpu{parent_minor}/mig/gi{inst.gpu_instance}"
+        paths = [f"{base}/access"]
+        if inst.compute_instance is not None:
+            paths.append(f"{base}/ci{inst.compute_instance}/access")
+        out = []
+        for p in paths:
+            try:
+                with open(p, encoding="utf-8") as f:
+                    m = _DEVICE_FILE_MINOR.search(f.read())
+            except OSError as e:
+                raise MigError(f"GPU {inst.parent_uuid}: cannot read MIG capability {p}: {e}") from e
+            if m is None:
+                raise MigError(f"GPU {inst.parent_uuid}: {p} names no DeviceFileMinor")
+            out.append(f"/dev/nvidia-caps/nvidia-cap{m.group(1)}")
+        return tuple(out)
 
     @contextmanager
     def _session(self) -> Iterator[None]:

@@ -116,6 +116,7 @@ def partition(gpu: Device, profiles: Sequence[MigProfile]) -> list[Device]:
                 attributes=attrs,
                 capacity={"memory": mib_quantity(p.memory_mib), "multiprocessors": str(p.multiprocessors)},
                 consumes_counters={cset: use},
+                device_nodes=gpu.device_nodes,  # MIG access goes through the parent's /dev/nvidiaN
             ))  # fmt: skip
     return out
 
