@@ -16,8 +16,9 @@ network.  The rules (see docs/prepare.md):
   no checkpoint entry), which the kubelet never saw an answer for; recovery and
   the periodic ``cleanup`` delete them, and the kubelet's retry writes them again.
   ``PrepareStarted`` stays in the format for preparations with side effects
-  beyond the spec (MIG, issue 11): such an entry seen while holding the lock was
-  left by a crashed process and is rolled back.
+  that must be recorded before they happen: such an entry seen while holding the
+  lock was left by a crashed process and is rolled back (MIG does not need it;
+  see the MIG rule below).
 * Group commit: calls that queue while another holds the lock are served
   together by the next holder, with one checkpoint write sequence for all of
   them, so concurrent pods do not pay one fsync sequence each.
