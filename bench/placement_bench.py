@@ -79,9 +79,9 @@ def log(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def instance_lock(timeout: float) -> Iterator[None]:
-    """The private instance's lock (``LOCK_FILE``), not the shared cluster's."""
-    with localcluster.cluster_lock(timeout, LOCK_FILE):
+def instance_lock(timeout: float, instance: str = INSTANCE) -> Iterator[None]:
+    """The private instance's lock (``LOCK_FILE`` for the default instance), not the shared cluster's."""
+    with localcluster.cluster_lock(timeout, localcluster.instance_lock_file(instance)):
         yield
 
 
@@ -655,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plots", default=str(REPO / "docs" / "placement"),
                    help="directory for the PNG plots ('' for none)")
     p.add_argument("--lock-timeout", type=float, default=3600)
+    p.add_argument("--instance", default=INSTANCE,
+                   help="private cluster instance (its lock serializes runs of the same name; another name "
+                        "runs a second matrix at the same time, on its own cluster)")
     p.add_argument("--merge", nargs="+", metavar="RESULT.json",
                    help="no cluster: combine the runs of earlier result files (e.g. a matrix run in parts; a "
                         "later file's run of the same policy and seed replaces an earlier one), summarize, plot")
@@ -681,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
     try:
-        with instance_lock(args.lock_timeout):
+        with instance_lock(args.lock_timeout, args.instance):
             failed: list[dict[str, Any]] = []
             results = run_matrix(args, cluster, policies, failed)
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
@@ -756,11 +759,11 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     return 0
 
 
-def start_private_cluster(attempts: int = 3) -> localcluster.Cluster:
+def start_private_cluster(attempts: int = 3, instance: str = INSTANCE) -> localcluster.Cluster:
     """A private instance on fresh free ports; another process may take a port between the pick and
     the bind (the tests pick from the same range), so a failed start is retried on new ports."""
     for attempt in range(1, attempts + 1):
-        lc = localcluster.Cluster.private(INSTANCE)
+        lc = localcluster.Cluster.private(instance)
         try:
             lc.up(build=False)
             return lc
@@ -775,7 +778,8 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
                failed: list[dict[str, Any]]) -> list[RunResult]:
     """Every (policy, seed) run; a run that fails is logged into ``failed`` and the matrix goes on."""
     t0 = time.monotonic()
-    lc = start_private_cluster()  # use_policy restarts kube-scheduler with the first policy's configuration
+    # use_policy restarts kube-scheduler with the first policy's configuration
+    lc = start_private_cluster(instance=args.instance)
     env: Env | None = None
     results: list[RunResult] = []
     try:
