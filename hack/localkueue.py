@@ -170,16 +170,31 @@ def _kueue_dir(c: Cluster) -> Path:
 
 
 def start(c: Cluster, webhook_port: int, health_port: int, timeout: float = 120) -> None:
-    """Install Kueue into the running cluster and start its controller-manager; wait until it admits."""
-    from localcluster import log, port_holder
+    """Install Kueue into the running cluster and start its controller-manager; wait until it admits.
 
-    bins = Path(c.meta()["bin_dir"])
-    man = Manifests.load(bins)
-    if c.running().get("kueue"):
-        raise KueueError("Kueue already runs in this cluster")
+    On any failure everything installed so far is removed again (a half-installed Kueue's webhooks
+    would otherwise reject requests on the shared cluster)."""
+    from localcluster import port_holder
+
+    if c.running().get("kueue") or c.meta().get("kueue"):
+        raise KueueError("Kueue already runs in this cluster (localkueue.stop first)")
     for port in (webhook_port, health_port):
         if holder := port_holder(port):
             raise KueueError(f"port 127.0.0.1:{port} for Kueue is in use by {holder}")
+    try:
+        _install(c, webhook_port, health_port, timeout)
+    except BaseException:
+        if c.meta().get("kueue"):
+            with contextlib.suppress(Exception):
+                stop(c)
+        raise
+
+
+def _install(c: Cluster, webhook_port: int, health_port: int, timeout: float) -> None:
+    from localcluster import log
+
+    bins = Path(c.meta()["bin_dir"])
+    man = Manifests.load(bins)
     t0 = time.monotonic()
     kdir = _kueue_dir(c)
     certs = kdir / "certs"

@@ -248,6 +248,16 @@ def kueue_plan(s: Scenario, name: str, spec: Obj) -> kq.KueuePlan:
     return plan
 
 
+def test_second_start_is_refused_and_leaves_kueue_running(kueue: ClusterHandle) -> None:
+    pid = kueue.lc.running()["kueue"]
+    with pytest.raises(localkueue.KueueError, match="already runs"):
+        localkueue.start(kueue.lc, webhook_port=free_port(), health_port=free_port())
+    assert kueue.lc.running().get("kueue") == pid
+    hooks = [h["metadata"]["name"] for h in kueue.kube.list(
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")]
+    assert f"{localkueue.WEBHOOK_PREFIX}-validating" in hooks
+
+
 def test_kueue_leaves_other_tests_jobs_alone(kueue: ClusterHandle) -> None:
     """Other tests' Jobs (no queue label, namespace not opted in) are neither suspended nor queued."""
     ns = kueue.namespace("kq-off")
