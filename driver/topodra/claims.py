@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topodra.checkpoint import Access
+from topodra.sharing.config import ConfigError, Sharing, resolve
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class AllocatedDevice:
     share_id: str | None
     access: Access
     consumed: tuple[tuple[str, str], ...] = ()  # consumedCapacity of a shared allocation: (name, quantity)
+    sharing: Sharing | None = None  # the GpuConfig sharing that applies to its request (topodra.sharing.config)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,11 @@ def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str,
         others = sorted({str(r.get("driver")) for r in results})
         raise ClaimError(f"claim {ref}: no devices allocated from driver {driver_name} "
                          f"(allocated drivers: {others or 'none'})")
+    try:
+        sharing = resolve((allocation.get("devices") or {}).get("config") or [], driver_name,
+                          [str(r.get("request", "")) for r in ours])
+    except ConfigError as e:
+        raise ClaimError(f"claim {ref}: {e}") from None
     devices: list[AllocatedDevice] = []
     for r in ours:
         pool, name = str(r.get("pool", "")), str(r.get("device", ""))
@@ -136,7 +143,7 @@ def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str,
         consumed = tuple(sorted((str(k), str(v)) for k, v in (r.get("consumedCapacity") or {}).items()))
         devices.append(AllocatedDevice(request=base_request_name(str(r.get("request", ""))), device=name,
                                        share_id=str(share) if share else None, access=access_of(r),
-                                       consumed=consumed))
+                                       consumed=consumed, sharing=sharing[str(r.get("request", ""))]))
     return AllocatedClaim(ref, tuple(devices))
 
 
