@@ -68,6 +68,7 @@ class SpecDevice:
     device: Device
     share_id: str | None = None
     consumed: Mapping[str, str] = dataclasses.field(default_factory=dict)  # consumedCapacity of a share
+    extra_env: tuple[str, ...] = ()  # KEY=VALUE from the device's sharing config (topodra.sharing)
 
 
 def vendor(driver_name: str) -> str:
@@ -119,6 +120,7 @@ def _device_env(sd: SpecDevice, claim_uid: str) -> list[str]:
     if sd.share_id:
         env.append(f"TOPODRA_DEVICE_{frag}_SHARE_ID={sd.share_id}")
     env.extend(limit_env(frag, sd.consumed))
+    env.extend(sd.extra_env)
     env.extend(f"{k}={v}" for k, v in sorted(d.env.items()))
     return env
 

@@ -21,7 +21,9 @@ On-disk shape (``version`` 2; version 1 had no ``mig`` and ``consumed_capacity``
                               "access": "exclusive"|"shared"|"admin",
                               "mig": null | {"parent_uuid": ..., "gpu_instance": 3, "compute_instance": 0,
                                              "uuid": "MIG-...", "profile_id": 19, "start": 2},
-                              "consumed_capacity": {"memory": "20Gi"}}]}}}}
+                              "consumed_capacity": {"memory": "20Gi"},
+                              "sharing": null | {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"},
+                                                 "mps": null}}]}}}}
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topodra.atomicfile import Sync, remove_stale_temps, write_atomic
+from topodra.sharing.config import Sharing
 from topodra.sharing.instances import MigInstance
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,9 @@ class CheckpointDevice(BaseModel):
     mig: MigInstance | None = None
     # consumedCapacity of a shared allocation (GPU memory shares): re-creates the share's limit env.
     consumed_capacity: dict[str, str] = Field(default_factory=dict)
+    # The GpuConfig sharing in force for this device (time-slice level, MPS); absent in files before it existed,
+    # which therefore still load as version 2 (an older reader refuses a file that has it: unknown field).
+    sharing: Sharing | None = None
 
 
 class ClaimEntry(BaseModel):

@@ -62,8 +62,11 @@ from topodra.devices import Device
 from topodra.filelock import FileLock, LockTimeout
 from topodra.inventory import Inventory
 from topodra.observe import NO_OBSERVER, Observer
+from topodra.sharing import timeslice
+from topodra.sharing.config import TIMESLICE_LEVEL, Sharing
 from topodra.sharing.instances import MigError, MigInstance, MigInstances
 from topodra.sharing.mig import placement_of
+from topodra.sharing.timeslice import TimeSliceControl, TimeSliceError
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ CRASH_POINTS = frozenset({
     "after-unprepare-checkpoint-written",  # checkpoint durable, answer not yet sent
 })
 CRASH_EXIT_CODE = 137
+_INTERVAL_NAME = {v: k for k, v in TIMESLICE_LEVEL.items()}
 
 T = TypeVar("T")
 Item = TypeVar("Item", ClaimRef, FetchedClaim)
@@ -156,12 +160,15 @@ class DeviceState:
         lock_timeout: float | None = 20.0,
         observer: Observer = NO_OBSERVER,
         mig: MigInstances | None = None,
+        timeslice_control: TimeSliceControl | None = None,
     ) -> None:
         """Load the checkpoint and recover; raises ``CheckpointCorrupt`` unless ``quarantine_corrupt``.
 
         ``mig``: NVML access for MIG instances; without it, claims on MIG placement devices fail.
+        ``timeslice_control``: sets GPUs' time-slice levels; without it, non-default TimeSlicing claims fail.
         """
         self.mig = mig
+        self.timeslice = timeslice_control
         self.driver_name = driver_name
         self.node_name = node_name
         self.pool_name = node_name
@@ -297,7 +304,8 @@ class DeviceState:
                                  f"{self.node_name}; cannot re-create its CDI spec")
             if d.mig is not None:
                 dev = dev.model_copy(update={"uuid": d.mig.uuid, "device_nodes": self._mig_nodes(dev, d.mig)})
-            sds.append(cdi.SpecDevice(dev, d.share_id, d.consumed_capacity))
+            sds.append(cdi.SpecDevice(dev, d.share_id, d.consumed_capacity,
+                                      timeslice.sharing_env(cdi.env_fragment(dev.name), d.sharing)))
         return cdi.valid_spec(self.driver_name, entry.uid, sds)
 
     # ---- MIG instances ----
@@ -381,6 +389,67 @@ class DeviceState:
             remade.append(entry.uid)
         return data, [f"{i.parent_uuid}/{i.gpu_instance}" for i in stray], remade
 
+    # ---- sharing config (GpuConfig) ----
+
+    def _timeslice_uses(self, data: CheckpointData, devices: Mapping[str, Device],
+                        skip: set[str] | None = None) -> list[tuple[str, int]]:
+        """(GPU UUID, level) of every prepared device with a TimeSlicing config (claims in ``skip`` left out)."""
+        out = []
+        for e in data.claims.values():
+            if skip and e.uid in skip:
+                continue
+            for d in e.devices:
+                dev = devices.get(d.device_name)
+                level = timeslice.level_of(d.sharing)
+                if dev is not None and dev.uuid and level != timeslice.DEFAULT_LEVEL:
+                    out.append((dev.uuid, level))
+        return out
+
+    def _check_sharing(self, ref: ClaimRef, dev: Device, sharing: Sharing | None, working: CheckpointData) -> None:
+        """Refuse a sharing config this device or node cannot honour, before anything changes."""
+        if sharing is None:
+            return
+        if sharing.strategy == "MPS":
+            raise ClaimError(f"claim {ref}: device {dev.name}: GpuConfig strategy MPS is not available on node "
+                             f"{self.node_name} yet")
+        if dev.kind != "gpu":
+            raise ClaimError(f"claim {ref}: device {dev.name} is a {dev.kind} device; time slicing is a property of a "
+                             "whole GPU (a MIG slice has its own compute and needs none)")
+        level = timeslice.level_of(sharing)
+        if level == timeslice.DEFAULT_LEVEL:
+            return
+        if self.timeslice is None:
+            raise ClaimError(f"claim {ref}: device {dev.name}: node {self.node_name} cannot set time-slice levels")
+        held = timeslice.conflict(self._timeslice_uses(working, self.inventory.by_name), dev.uuid, level)
+        if held is not None:
+            raise ClaimError(f"claim {ref}: device {dev.name} already runs with time-slice interval "
+                             f"{_INTERVAL_NAME[held]} for another prepared claim; this claim asks for "
+                             f"{sharing.interval} (one GPU has one interval)")
+
+    def _apply_timeslices(self, data: CheckpointData, devices: Mapping[str, Device], gpus: set[str],
+                          *, unknown_default: bool = True) -> None:
+        """Bring the time-slice level of ``gpus`` in line with ``data``; TimeSliceError on failure."""
+        if self.timeslice is None or not gpus:
+            return
+        levels = timeslice.desired_levels(self._timeslice_uses(data, devices), gpus)
+        timeslice.apply(self.timeslice, {u: v for u, v in levels.items() if u in gpus},
+                        unknown_default=unknown_default)
+
+    def _settle_levels(self, final: CheckpointData, devices: Mapping[str, Device],
+                       entries: Sequence[ClaimEntry]) -> None:
+        """After a failure: the GPUs of ``entries`` get the levels ``final`` asks for (errors left to recovery)."""
+        gpus = set().union(*(self._timeslice_gpus(e, devices) for e in entries)) if entries else set()
+        try:
+            self._apply_timeslices(final, devices, gpus)
+        except TimeSliceError as e:
+            log.error("node %s: cannot set time-slice levels back (the next start retries): %s", self.node_name, e)
+
+    @staticmethod
+    def _timeslice_gpus(entry: ClaimEntry, devices: Mapping[str, Device]) -> set[str]:
+        return {devices[d.device_name].uuid for d in entry.devices
+                if d.device_name in devices and devices[d.device_name].uuid
+                and timeslice.level_of(d.sharing) != timeslice.DEFAULT_LEVEL}
+
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
         started = [e for e in data.claims.values() if e.state == PREPARE_STARTED]
@@ -444,6 +513,25 @@ class DeviceState:
             fresh = with_mig
             self._maybe_crash("after-mig-created")
 
+        # Time-slice levels next: like MIG instances, GPU state made before the checkpoint records it; a crash
+        # from here to the checkpoint write leaves a level nothing asks for, which recovery sets back.
+        applied = data
+        with_levels = []
+        for ref, entry, spec in fresh:
+            gpus = self._timeslice_gpus(entry, devices)
+            try:
+                self._apply_timeslices(applied.with_claim(entry), devices, gpus)
+            except TimeSliceError as e:
+                with contextlib.suppress(TimeSliceError):
+                    self._apply_timeslices(applied, devices, gpus)
+                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
+                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
+                results[ref.uid] = PrepareResult([], f"claim {ref}: {e}")
+                continue
+            applied = applied.with_claim(entry)
+            with_levels.append((ref, entry, spec))
+        fresh = with_levels
+
         # Specs first (not fsynced), then one durable checkpoint write with the claims completed.
         # A crash in between leaves only orphan specs of claims the kubelet got no answer for.
         self._maybe_crash("prepare-before-write")
@@ -463,6 +551,8 @@ class DeviceState:
             completed = completed.with_claim(entry)
             written.append((ref, entry))
         self._maybe_crash("after-cdi-written")
+        if len(written) < len(fresh):  # claims whose spec failed: their GPUs' levels go back
+            self._settle_levels(completed, devices, [e for _r, e, _s in fresh])
         if not written:
             if rolled_back:
                 self._save(data)
@@ -476,6 +566,7 @@ class DeviceState:
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
                 self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
+            self._settle_levels(data, devices, [e for _r, e in written])
             return results
         self._maybe_crash("after-checkpoint-written")
         for ref, done in written:  # logged once, by the gRPC layer, outside the lock
@@ -517,7 +608,9 @@ class DeviceState:
                 raise ClaimError(f"claim {c.ref}: device {a.device} is allocated twice in this claim "
                                  "without sharing")
             mine.setdefault(a.device, []).append(a.access)
-            sds.append(cdi.SpecDevice(dev, a.share_id, dict(a.consumed)))
+            self._check_sharing(c.ref, dev, a.sharing, working)
+            sds.append(cdi.SpecDevice(dev, a.share_id, dict(a.consumed),
+                                      timeslice.sharing_env(cdi.env_fragment(dev.name), a.sharing)))
         spec = cdi.valid_spec(self.driver_name, c.ref.uid, sds)
         entry_devices = []
         for a, spec_dev in zip(c.devices, spec["devices"], strict=True):
@@ -526,7 +619,8 @@ class DeviceState:
                 ids.append(nvidia_ids[a.device])
             entry_devices.append(CheckpointDevice(
                 request_names=[a.request] if a.request else [], pool_name=self.pool_name, device_name=a.device,
-                cdi_device_ids=ids, share_id=a.share_id, access=a.access, consumed_capacity=dict(a.consumed)))
+                cdi_device_ids=ids, share_id=a.share_id, access=a.access, consumed_capacity=dict(a.consumed),
+                sharing=a.sharing))
         # Completed at once: the CDI spec is this claim's only side effect (see the module docstring).
         entry = ClaimEntry(uid=c.ref.uid, namespace=c.ref.namespace, name=c.ref.name, state=PREPARE_COMPLETED,
                            devices=entry_devices)
@@ -582,6 +676,7 @@ class DeviceState:
                         cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
                 return results
             self._maybe_crash("after-unprepare-checkpoint-written")
+            self._settle_levels(data.without_claims({e.uid for e in removed}), self.inventory.by_name, removed)
         return results  # successes are logged once, by the gRPC layer, outside the lock
 
     # ---- devices ----
@@ -628,12 +723,22 @@ class DeviceState:
                 return RecoveryReport(orphan_specs=orphans, quarantined=quarantined)
             # No checkpoint yet: any MIG instance was made by a prepare that never answered.
             _data, destroyed, _ = self._reconcile_mig(CheckpointData(), self.inventory.by_name)
+            try:
+                self._apply_timeslices(CheckpointData(), self.inventory.by_name, {
+                    d.uuid for d in self.inventory.devices if d.kind == "gpu" and d.uuid}, unknown_default=False)
+            except TimeSliceError as e:
+                log.error("node %s: cannot reconcile GPU time-slice levels: %s", self.node_name, e)
             return RecoveryReport(orphans_removed=self._remove_orphans(CheckpointData()), mig_destroyed=destroyed)
         rebooted = bool(loaded.boot_id and self.boot_id and loaded.boot_id != self.boot_id)
         data, rolled_back = self._rollback_started(loaded)
         devices = self.inventory.by_name
         before = data
         data, mig_destroyed, mig_recreated = self._reconcile_mig(data, devices)
+        try:  # levels set by a prepare that crashed before its checkpoint write, or left by a crashed unprepare
+            self._apply_timeslices(data, devices, {d.uuid for d in devices.values() if d.kind == "gpu" and d.uuid},
+                                   unknown_default=False)
+        except TimeSliceError as e:
+            log.error("node %s: cannot reconcile GPU time-slice levels: %s", self.node_name, e)
         recreated: list[str] = []
         unrecoverable: dict[str, str] = {}
         for entry in data.claims.values():

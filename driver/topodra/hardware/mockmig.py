@@ -59,6 +59,8 @@ class MigState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     gpus: dict[str, list[FakeGpuInstance]] = Field(default_factory=dict)
+    # Time-slice level per GPU UUID (``nvidia-smi compute-policy --set-timeslice``); absent means 0 (Default).
+    timeslices: dict[str, int] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,33 @@ class FakeMig:
         """Every GPU's instances now (for tests and the CLI), by GPU UUID."""
         with self._mig_state(write=False) as st:
             return {k: list(v) for k, v in st.gpus.items() if v}
+
+    # -- time slicing (what ``nvidia-smi compute-policy`` sets on a real GPU; topodra.sharing.timeslice) -----
+
+    def _gpu_by_uuid(self, uuid: str) -> GpuFacts:
+        """A tool outside the plugin's NVML session (nvidia-smi) opens its own."""
+        nvml: Any = self
+        nvml.nvmlInit()
+        try:
+            return self._gpu(nvml.nvmlDeviceGetHandleByUUID(uuid))
+        finally:
+            nvml.nvmlShutdown()
+
+    def set_timeslice(self, uuid: str, level: int) -> None:
+        """Record the GPU's time-slice level; NotFound for an unknown GPU, InvalidArgument outside 0..3."""
+        g = self._gpu_by_uuid(uuid)
+        if level not in range(4):
+            raise _err("InvalidArgument")
+        with self._mig_state(write=True) as st:
+            if level == 0:
+                st.timeslices.pop(str(g.uuid), None)
+            else:
+                st.timeslices[str(g.uuid)] = level
+
+    def get_timeslice(self, uuid: str) -> int | None:
+        g = self._gpu_by_uuid(uuid)
+        with self._mig_state(write=False) as st:
+            return st.timeslices.get(str(g.uuid), 0)
 
     def _mig_gpu(self, h: Any) -> tuple[GpuFacts, str]:
         g = self._gpu(h)

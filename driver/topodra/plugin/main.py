@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from topodra.plugin.server import PluginServer
     from topodra.publisher import SlicePublisher
     from topodra.sharing.instances import MigInstances
+    from topodra.sharing.timeslice import TimeSliceControl
     from topodra.state import DeviceState
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class Plugin:
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
         from topodra.sharing.instances import MigInstances
+        from topodra.sharing.timeslice import control_for
         from topodra.slices import published_taints
 
         observer = metrics.MetricsObserver()
@@ -132,7 +134,8 @@ class Plugin:
 
             kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
             stack.callback(kube.close)
-            state = build_state(cfg, inventory, observer, mig=MigInstances(self.backend().nvml))
+            state = build_state(cfg, inventory, observer, mig=MigInstances(self.backend().nvml),
+                                timeslice_control=control_for(self.backend().nvml))
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
             inventory.subscribe(board.devices_changed)
@@ -233,7 +236,7 @@ class Plugin:
 
 
 def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
-                mig: MigInstances | None = None) -> DeviceState:
+                mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket.
 
     ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices.
@@ -242,7 +245,7 @@ def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
 
     return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
-                       observer=observer, mig=mig)
+                       observer=observer, mig=mig, timeslice_control=timeslice_control)
 
 
 def run(args: argparse.Namespace) -> int:
