@@ -54,7 +54,8 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NVIDIA_MINOR_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
 _DEVICE_NODE_TYPES = {"", "b", "c", "u", "p"}
 _DEVICE_NODE_KEYS = {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"}
-_SUPPORTED_EDIT_KEYS = {"env", "deviceNodes"}
+_SUPPORTED_EDIT_KEYS = {"env", "deviceNodes", "mounts"}
+_MOUNT_KEYS = {"hostPath", "containerPath", "options", "type"}
 
 
 class CDISpecInvalid(ValueError):
@@ -125,8 +126,13 @@ def _device_env(sd: SpecDevice, claim_uid: str) -> list[str]:
     return env
 
 
-def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) -> dict[str, Any]:
-    """The CDI spec for one claim (pure). ``cdiVersion`` is the lowest that supports what is used."""
+def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], claim_env: Sequence[str] = (),
+               claim_mounts: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """The CDI spec for one claim (pure). ``cdiVersion`` is the lowest that supports what is used.
+
+    ``claim_env`` / ``claim_mounts`` ((host path, container path), bind-mounted read-write): spec-level
+    edits for what belongs to the claim as a whole (its MPS daemon's directories).
+    """
     if not devices:
         raise CDISpecInvalid(f"claim {claim_uid}: a CDI spec needs at least one device")
     names: list[str] = []
@@ -145,19 +151,24 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) 
     spec_env = [f"TOPODRA_VISIBLE_DEVICES={','.join(names)}"]
     if uuids:
         spec_env.append(f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}")
+    spec_edits: dict[str, Any] = {"env": [*spec_env, *claim_env]}
+    if claim_mounts:
+        spec_edits["mounts"] = [{"hostPath": h, "containerPath": c, "options": ["rbind", "rw"]}
+                                for h, c in claim_mounts]
     spec: dict[str, Any] = {
         "cdiVersion": BASE_VERSION,
         "kind": kind(driver_name),
         "devices": cdi_devices,
-        "containerEdits": {"env": spec_env},
+        "containerEdits": spec_edits,
     }
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 
 
-def valid_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice]) -> dict[str, Any]:
+def valid_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], claim_env: Sequence[str] = (),
+               claim_mounts: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """``build_spec`` checked by ``validate_spec``: the one way prepare and recovery get a spec."""
-    spec = build_spec(driver_name, claim_uid, devices)
+    spec = build_spec(driver_name, claim_uid, devices, claim_env, claim_mounts)
     validate_spec(spec)
     return spec
 
@@ -175,13 +186,16 @@ def _all_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def minimum_version(spec: dict[str, Any]) -> str:
     """Lowest CDI version whose rules allow every feature ``spec`` may use and ``validate_spec`` accepts.
 
-    Features that validation rejects anyway (mounts, hooks, additionalGids, intelRdt) need no rule.
+    Features that validation rejects anyway (hooks, additionalGids, intelRdt) need no rule; mounts are
+    in 0.3.0, their ``type`` came with 0.4.0.
     """
     need = BASE_VERSION
     edits = _all_edits(spec)
     if any(not str(d.get("name", "a"))[:1].isalpha() for d in spec.get("devices") or []) or any(
             n.get("hostPath") for e in edits for n in e.get("deviceNodes") or []):
         need = "0.5.0"  # device names starting with a digit; deviceNodes hostPath
+    elif any(m.get("type") for e in edits for m in e.get("mounts") or [] if isinstance(m, dict)):
+        need = "0.4.0"
     cls = str(spec.get("kind", "")).partition("/")[2]
     if spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices") or []) or "." in cls:
         need = "0.6.0"  # annotations; dots in the class
@@ -224,7 +238,24 @@ def _check_edits(where: str, edits: Any, problems: list[str]) -> bool:
         perms = node.get("permissions", "")
         if not isinstance(perms, str) or set(perms) - set("rwm"):
             problems.append(f"{where}: device node permissions {perms!r} may only contain r, w, m")
-    return bool(env or nodes)
+    mounts = edits.get("mounts") or []
+    if not isinstance(mounts, list):
+        problems.append(f"{where}: mounts must be a list")
+        mounts = []
+    for m in mounts:
+        if not isinstance(m, dict):
+            problems.append(f"{where}: mount {m!r} must be an object")
+            continue
+        if set(m) - _MOUNT_KEYS:
+            problems.append(f"{where}: mount has unknown fields {sorted(set(m) - _MOUNT_KEYS)}")
+        for field in ("hostPath", "containerPath"):
+            p = m.get(field)
+            if not (isinstance(p, str) and p.startswith("/")):
+                problems.append(f"{where}: mount {field} {p!r} must be an absolute path")
+        opts = m.get("options", [])
+        if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+            problems.append(f"{where}: mount options must be a list of strings")
+    return bool(env or nodes or mounts)
 
 
 def validate_spec(spec: dict[str, Any]) -> None:

@@ -62,10 +62,13 @@ from topodra.devices import Device
 from topodra.filelock import FileLock, LockTimeout
 from topodra.inventory import Inventory
 from topodra.observe import NO_OBSERVER, Observer
+from topodra.sharing import mps as mps_dirs
 from topodra.sharing import timeslice
-from topodra.sharing.config import TIMESLICE_LEVEL, Sharing
+from topodra.sharing.config import TIMESLICE_LEVEL, Mps, Sharing
 from topodra.sharing.instances import MigError, MigInstance, MigInstances
 from topodra.sharing.mig import placement_of
+from topodra.sharing.mps import MpsDaemons, MpsError
+from topodra.sharing.mps import claim_env as mps_claim_env
 from topodra.sharing.timeslice import TimeSliceControl, TimeSliceError
 
 log = logging.getLogger(__name__)
@@ -161,14 +164,17 @@ class DeviceState:
         observer: Observer = NO_OBSERVER,
         mig: MigInstances | None = None,
         timeslice_control: TimeSliceControl | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         """Load the checkpoint and recover; raises ``CheckpointCorrupt`` unless ``quarantine_corrupt``.
 
         ``mig``: NVML access for MIG instances; without it, claims on MIG placement devices fail.
         ``timeslice_control``: sets GPUs' time-slice levels; without it, non-default TimeSlicing claims fail.
+        ``mps``: the per-claim MPS control daemons (default: under ``state_dir``, binary from PATH).
         """
         self.mig = mig
         self.timeslice = timeslice_control
+        self.mps = mps if mps is not None else MpsDaemons(state_dir)
         self.driver_name = driver_name
         self.node_name = node_name
         self.pool_name = node_name
@@ -306,7 +312,8 @@ class DeviceState:
                 dev = dev.model_copy(update={"uuid": d.mig.uuid, "device_nodes": self._mig_nodes(dev, d.mig)})
             sds.append(cdi.SpecDevice(dev, d.share_id, d.consumed_capacity,
                                       timeslice.sharing_env(cdi.env_fragment(dev.name), d.sharing)))
-        return cdi.valid_spec(self.driver_name, entry.uid, sds)
+        env, mounts = self._mps_edits(entry.uid, [(d.sharing, d.consumed_capacity) for d in entry.devices])
+        return cdi.valid_spec(self.driver_name, entry.uid, sds, env, mounts)
 
     # ---- MIG instances ----
 
@@ -410,8 +417,9 @@ class DeviceState:
         if sharing is None:
             return
         if sharing.strategy == "MPS":
-            raise ClaimError(f"claim {ref}: device {dev.name}: GpuConfig strategy MPS is not available on node "
-                             f"{self.node_name} yet")
+            if dev.kind not in ("gpu", "mig"):
+                raise ClaimError(f"claim {ref}: device {dev.name} is a {dev.kind} device; MPS needs a GPU or MIG slice")
+            return
         if dev.kind != "gpu":
             raise ClaimError(f"claim {ref}: device {dev.name} is a {dev.kind} device; time slicing is a property of a "
                              "whole GPU (a MIG slice has its own compute and needs none)")
@@ -444,11 +452,58 @@ class DeviceState:
         except TimeSliceError as e:
             log.error("node %s: cannot set time-slice levels back (the next start retries): %s", self.node_name, e)
 
+    def _mps_edits(self, uid: str, devices: Sequence[tuple[Sharing | None, Mapping[str, str]]]
+                   ) -> tuple[list[str], list[tuple[str, str]]]:
+        """The claim-wide container env and mounts of its MPS daemon (none without MPS devices)."""
+        configs = [(sh.mps, consumed.get("memory")) for sh, consumed in devices if sh is not None
+                   and sh.strategy == "MPS"]
+        if not configs:
+            return [], []
+        first = configs[0][0] or Mps()
+        if any((m or Mps()) != first for m, _ in configs):
+            raise ClaimError(f"claim {uid}: its requests ask for different MPS settings; one claim has one MPS "
+                             "daemon, so they must agree")
+        pipe, logs = self.mps.dirs(uid)
+        return mps_claim_env(first, [mem for _m, mem in configs]), [(str(pipe), mps_dirs.CONTAINER_PIPE_DIR),
+                                                                   (str(logs), mps_dirs.CONTAINER_LOG_DIR)]
+
+    def _mps_uuids(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> list[str]:
+        """What the claim's MPS daemon serves: the UUIDs (MIG UUIDs for slices) of its MPS devices."""
+        return [d.mig.uuid if d.mig is not None else devices[d.device_name].uuid for d in entry.devices
+                if d.sharing is not None and d.sharing.strategy == "MPS" and d.device_name in devices]
+
+    def _stop_mps(self, entries: Sequence[ClaimEntry]) -> None:
+        for e in entries:
+            if any(d.sharing is not None and d.sharing.strategy == "MPS" for d in e.devices):
+                try:
+                    self.mps.stop(e.uid)
+                except MpsError as err:  # left for recovery's reconcile; logged
+                    log.error("node %s: %s", self.node_name, err)
+
     @staticmethod
     def _timeslice_gpus(entry: ClaimEntry, devices: Mapping[str, Device]) -> set[str]:
         return {devices[d.device_name].uuid for d in entry.devices
                 if d.device_name in devices and devices[d.device_name].uuid
                 and timeslice.level_of(d.sharing) != timeslice.DEFAULT_LEVEL}
+
+    def _reconcile_mps(self, data: CheckpointData, devices: Mapping[str, Device]) -> None:
+        """Stop daemons no prepared claim records; start recorded ones that are not running (after a reboot)."""
+        try:
+            stray = self.mps.reconcile(e.uid for e in data.claims.values() if self._mps_uuids(e, devices))
+        except MpsError as e:
+            log.error("node %s: cannot stop stray MPS daemons: %s", self.node_name, e)
+            stray = []
+        if stray:
+            log.warning("node %s: stopped MPS daemons of claims no checkpoint entry records: %s", self.node_name,
+                        stray)
+        for entry in data.claims.values():
+            uuids = self._mps_uuids(entry, devices)
+            if uuids and self.mps.pid(entry.uid) is None:
+                try:
+                    self.mps.start(entry.uid, uuids)
+                    log.warning("node %s: restarted the MPS daemon of claim %s", self.node_name, entry.ref)
+                except MpsError as e:
+                    log.error("node %s: claim %s: %s", self.node_name, entry.ref, e)
 
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
@@ -532,6 +587,24 @@ class DeviceState:
             with_levels.append((ref, entry, spec))
         fresh = with_levels
 
+        # MPS daemons last of the GPU state (they serve MIG UUIDs too); a crash before the checkpoint write
+        # leaves a daemon no entry records, which recovery stops.
+        with_mps = []
+        for ref, entry, spec in fresh:
+            uuids = self._mps_uuids(entry, devices)
+            try:
+                if uuids:
+                    self.mps.start(entry.uid, uuids)
+            except MpsError as e:
+                self._settle_levels(applied.without_claims({entry.uid}), devices, [entry])
+                applied = applied.without_claims({entry.uid})
+                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
+                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
+                results[ref.uid] = PrepareResult([], f"claim {ref}: {e}")
+                continue
+            with_mps.append((ref, entry, spec))
+        fresh = with_mps
+
         # Specs first (not fsynced), then one durable checkpoint write with the claims completed.
         # A crash in between leaves only orphan specs of claims the kubelet got no answer for.
         self._maybe_crash("prepare-before-write")
@@ -546,6 +619,7 @@ class DeviceState:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
                 self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
+                self._stop_mps([entry])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write CDI spec: {e}")
                 continue
             completed = completed.with_claim(entry)
@@ -565,6 +639,7 @@ class DeviceState:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
                 self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
+                self._stop_mps([entry])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             self._settle_levels(data, devices, [e for _r, e in written])
             return results
@@ -611,7 +686,8 @@ class DeviceState:
             self._check_sharing(c.ref, dev, a.sharing, working)
             sds.append(cdi.SpecDevice(dev, a.share_id, dict(a.consumed),
                                       timeslice.sharing_env(cdi.env_fragment(dev.name), a.sharing)))
-        spec = cdi.valid_spec(self.driver_name, c.ref.uid, sds)
+        env, mounts = self._mps_edits(c.ref.uid, [(a.sharing, dict(a.consumed)) for a in c.devices])
+        spec = cdi.valid_spec(self.driver_name, c.ref.uid, sds, env, mounts)
         entry_devices = []
         for a, spec_dev in zip(c.devices, spec["devices"], strict=True):
             ids = [cdi.qualified_id(self.driver_name, spec_dev["name"])]
@@ -650,10 +726,12 @@ class DeviceState:
                 results[c.uid] = f"claim {c}: has MIG instances, but this plugin has no NVML access to destroy them"
                 continue
             try:
+                if any(d.sharing is not None and d.sharing.strategy == "MPS" for d in entry.devices):
+                    self.mps.stop(entry.uid)  # before the instances it serves go
                 for inst in migs:
                     assert self.mig is not None
                     self.mig.destroy(inst)  # already gone (e.g. after a reboot) is fine
-            except MigError as e:
+            except (MigError, MpsError) as e:
                 results[c.uid] = f"claim {c}: {e}"
                 continue
             try:
@@ -723,6 +801,7 @@ class DeviceState:
                 return RecoveryReport(orphan_specs=orphans, quarantined=quarantined)
             # No checkpoint yet: any MIG instance was made by a prepare that never answered.
             _data, destroyed, _ = self._reconcile_mig(CheckpointData(), self.inventory.by_name)
+            self._reconcile_mps(CheckpointData(), self.inventory.by_name)
             try:
                 self._apply_timeslices(CheckpointData(), self.inventory.by_name, {
                     d.uuid for d in self.inventory.devices if d.kind == "gpu" and d.uuid}, unknown_default=False)
@@ -739,6 +818,7 @@ class DeviceState:
                                    unknown_default=False)
         except TimeSliceError as e:
             log.error("node %s: cannot reconcile GPU time-slice levels: %s", self.node_name, e)
+        self._reconcile_mps(data, devices)
         recreated: list[str] = []
         unrecoverable: dict[str, str] = {}
         for entry in data.claims.values():

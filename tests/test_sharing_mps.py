@@ -1,0 +1,172 @@
+"""MPS from a GpuConfig: one control daemon per claim (the mock-hardware stand-in for nvidia-cuda-mps-control),
+its directories and limits in the CDI spec, stopped on unprepare, and reconciled after kill -9 of the plugin."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from topodra import checkpoint
+from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
+from topodra.devices import Device
+from topodra.hardware import load_backend, mockmps
+from topodra.hardware.mock import FakeNvml
+from topodra.inventory import Inventory
+from topodra.sharing.config import Mps, Sharing
+from topodra.sharing.instances import MigInstances
+from topodra.sharing.mps import CONTAINER_PIPE_DIR, MpsDaemons, claim_env
+from topodra.sharing.timeslice import control_for
+from topodra.state import CRASH_EXIT_CODE, DeviceState
+
+DRIVER = "gpu.topodra.io"
+NODE = "mps-node"
+STAND_IN = str(Path(mockmps.__file__))
+
+
+def hardware(tmp_path: Path, profile: str = "mock:dgx-a100-80gb") -> tuple[list[Device], FakeNvml]:
+    backend = load_backend(profile, NODE, overrides={"migStateFile": str(tmp_path / "gpu-state.json"),
+                                                      "shareGpuMemory": profile == "mock:dgx-a100-80gb"})
+    return backend.discover(), backend.nvml
+
+
+def state(tmp_path: Path, devices: list[Device], nvml: FakeNvml, binary: str = STAND_IN) -> DeviceState:
+    boot = tmp_path / "boot_id"
+    if not boot.exists():
+        boot.write_text("boot-1\n")
+    return DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state", boot_id_path=str(boot),
+                       nvidia_spec_dirs=[], mig=MigInstances(nvml), timeslice_control=control_for(nvml),
+                       mps=MpsDaemons(tmp_path / "state", binary=binary))
+
+
+def mps(pct: int | None = 50, limit: str | None = "10Gi") -> Sharing:
+    return Sharing(strategy="MPS", mps=Mps(defaultActiveThreadPercentage=pct, defaultPinnedDeviceMemoryLimit=limit))
+
+
+def claim(uid: str, device: str, sharing: Sharing | None, share: str | None = None) -> AllocatedClaim:
+    return AllocatedClaim(ref=ClaimRef(namespace="ns", uid=uid, name=f"c-{uid}"), devices=(AllocatedDevice(
+        request="gpus", device=device, share_id=share, access="shared" if share else "exclusive",
+        consumed=(("memory", "20Gi"),) if share else (), sharing=sharing),))
+
+
+def ref(uid: str) -> ClaimRef:
+    return ClaimRef("ns", uid, f"c-{uid}")
+
+
+def spec(tmp_path: Path, uid: str) -> dict[str, Any]:
+    (path,) = (tmp_path / "cdi").glob(f"*_{uid}.json")
+    return dict(json.loads(path.read_text()))
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_left(tmp_path: Path) -> Iterator[None]:
+    """Whatever a test leaves running is stopped (the daemons outlive the processes that start them)."""
+    yield
+    for pid_file in (tmp_path / "state" / "mps").glob(f"*/pipe/{mockmps.PID_FILE}"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def test_claim_env_uses_the_config_then_the_share(tmp_path: Path) -> None:
+    assert claim_env(Mps(defaultActiveThreadPercentage=30), ["20Gi", None]) == [
+        f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}", "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"]
+    assert claim_env(Mps(defaultPinnedDeviceMemoryLimit="1Gi"), [None, "20Gi"])[-1] == \
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M,1=1024M"
+
+
+def test_prepare_starts_a_daemon_for_the_claim_and_unprepare_stops_it(tmp_path: Path) -> None:
+    devices, nvml = hardware(tmp_path)
+    st = state(tmp_path, devices, nvml)
+    res = st.prepare([claim("a", "gpu-0", mps(50, "10Gi"), share="s1"), claim("b", "gpu-0", mps(None, None), "s2")])
+    assert {u: r.error for u, r in res.items()} == {"a": "", "b": ""}
+    pids = {u: st.mps.pid(u) for u in ("a", "b")}
+    assert all(pids.values()) and pids["a"] != pids["b"], "one daemon per claim"
+    pipe, logs = st.mps.dirs("a")
+    gpu0 = next(d for d in devices if d.name == "gpu-0").uuid
+    assert f"startup: CUDA_VISIBLE_DEVICES={gpu0}" in (logs / "control.log").read_text()
+    edits = spec(tmp_path, "a")["containerEdits"]
+    assert {"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"} <= set(edits["env"])
+    assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
+        (str(pipe), "/tmp/nvidia-mps"), (str(logs), "/var/log/nvidia-mps")}
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in spec(tmp_path, "b")["containerEdits"]["env"]
+    entry = checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims["a"]  # type: ignore[union-attr]
+    assert entry.devices[0].sharing == mps(50, "10Gi")
+    assert st.unprepare([ref("a")]) == {"a": ""}
+    assert st.mps.pid("a") is None and not pipe.exists() and st.mps.pid("b") == pids["b"]
+    assert "command: quit" not in (st.mps.dirs("b")[1] / "control.log").read_text()
+    assert st.unprepare([ref("b")]) == {"b": ""} and st.mps.claims() == set()
+
+
+def test_mps_on_a_mig_slice_serves_the_mig_uuid(tmp_path: Path) -> None:
+    devices, nvml = hardware(tmp_path, "mock:dgx-a100-80gb-mig")
+    st = state(tmp_path, devices, nvml)
+    assert st.prepare([claim("m", "gpu-1-mig-1g-10gb-0", mps())])["m"].error == ""
+    inst = checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims["m"].devices[0].mig  # type: ignore[union-attr]
+    assert inst is not None
+    assert f"CUDA_VISIBLE_DEVICES={inst.uuid}" in (st.mps.dirs("m")[1] / "control.log").read_text()
+    assert st.unprepare([ref("m")]) == {"m": ""}
+    assert st.mps.pid("m") is None and nvml.mig_instances() == {}
+
+
+def test_missing_binary_fails_the_claim_and_changes_nothing(tmp_path: Path) -> None:
+    devices, nvml = hardware(tmp_path, "mock:dgx-a100-80gb-mig")
+    st = state(tmp_path, devices, nvml, binary=str(tmp_path / "no-such-mps-control"))
+    err = st.prepare([claim("x", "gpu-2-mig-1g-10gb-0", mps())])["x"].error
+    assert "cannot start nvidia-cuda-mps-control" in err, err
+    assert st.checkpointed_claims() == [] and not list((tmp_path / "cdi").glob("*"))
+    assert st.mps.claims() == set() and nvml.mig_instances() == {}, "the MIG instance made for it is gone"
+
+
+def test_claim_with_two_mps_settings_is_refused(tmp_path: Path) -> None:
+    devices, nvml = hardware(tmp_path)
+    st = state(tmp_path, devices, nvml)
+    two = AllocatedClaim(ref=ClaimRef("ns", "t", "c-t"), devices=(
+        AllocatedDevice(request="a", device="gpu-1", share_id=None, access="exclusive", sharing=mps(10)),
+        AllocatedDevice(request="b", device="gpu-2", share_id=None, access="exclusive", sharing=mps(20))))
+    assert "different MPS settings" in st.prepare([two])["t"].error
+    assert st.mps.claims() == set() and st.checkpointed_claims() == []
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from pathlib import Path
+    from test_sharing_mps import claim, hardware, mps, state
+    tmp = Path({tmp!r})
+    st = state(tmp, *hardware(tmp))
+    st.prepare([claim({uid!r}, {device!r}, mps())])
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of the plugin with the claim prepared
+""")
+
+
+def run_child(tmp_path: Path, uid: str, device: str, point: str | None) -> int:
+    code = CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), uid=uid, device=device)
+    env = {"PATH": "/usr/bin:/bin", **({"TOPODRA_CRASH_POINT": point} if point else {})}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60).returncode
+
+
+@pytest.mark.parametrize("point", ["prepare-before-write", "after-cdi-written"])
+def test_kill_9_stops_unrecorded_daemons_and_keeps_recorded_ones(tmp_path: Path, point: str) -> None:
+    assert run_child(tmp_path, "keep", "gpu-3", None) == -signal.SIGKILL
+    assert run_child(tmp_path, "lost", "gpu-4", point) == CRASH_EXIT_CODE
+    daemons = MpsDaemons(tmp_path / "state", binary=STAND_IN)
+    keep_pid, lost_pid = daemons.pid("keep"), daemons.pid("lost")
+    assert keep_pid and lost_pid, "both daemons outlived the killed plugin"
+    st = state(tmp_path, *hardware(tmp_path))  # the plugin restarts
+    assert st.mps.pid("keep") == keep_pid, "a recorded claim's daemon is left running"
+    assert st.mps.pid("lost") is None and st.mps.claims() == {"keep"}
+    assert [c.uid for c in st.checkpointed_claims()] == ["keep"]
+    assert st.prepare([claim("lost", "gpu-4", mps())])["lost"].error == ""  # the kubelet's retry
+    assert st.unprepare([ref("keep"), ref("lost")]) == {"keep": "", "lost": ""} and st.mps.claims() == set()
