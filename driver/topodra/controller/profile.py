@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from topodra.apipaths import PROFILE_GROUP as GROUP
 from topodra.apipaths import PROFILE_VERSION as VERSION
+from topodra.selectors import parse_quantity
 
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ClaimProfile"
@@ -41,9 +42,20 @@ class Alternative(BaseModel):
     name: str | None = Field(default=None, max_length=ALT_NAME_MAX)
     device_class_name: str = Field(alias="deviceClassName", min_length=1, max_length=253)
     count: int = Field(default=1, ge=1, le=MAX_COUNT)
+    # Consumable capacity each device must give (KEP-5075), e.g. {"memory": "10Gi"} of a shared GPU.
+    capacity: dict[str, str] | None = Field(default=None, max_length=4)
 
     @model_validator(mode="after")
     def _names(self) -> Alternative:
+        for key, value in (self.capacity or {}).items():
+            if not DNS_LABEL.match(key):
+                raise ValueError(f"capacity name {key!r} must be a DNS label (e.g. memory)")
+            try:
+                amount = parse_quantity(value)
+            except ValueError as e:
+                raise ValueError(f"capacity {key}: {e}") from None
+            if amount <= 0:
+                raise ValueError(f"capacity {key}: {value!r} must be positive")
         if self.name is not None and not DNS_LABEL.match(self.name):
             raise ValueError(f"name {self.name!r} must be a DNS label (lowercase letters, digits, '-')")
         if not DNS_SUBDOMAIN.match(self.device_class_name):

@@ -11,6 +11,8 @@ Shape of the result (see docs/user-guide.md for the reasoning):
   two Preferred dimensions): first constrained, then unconstrained; the
   constraint lists the constrained subrequests as ``gpus/<sub>``.  The API
   allows 8 subrequests; larger expansions are rejected.
+* An alternative's ``capacity`` (``{memory: 10Gi}``) -> ``capacity.requests`` on its (sub)request, so "a
+  1g.10gb slice, else 10Gi of a shared GPU" is two alternatives: ``gpu-mig-1g`` and ``gpu-shared-memory``.
 * ``nic: RailAligned`` -> ``matchAttribute`` on the rail can only say "all
   these devices share one rail", so each GPU gets its own request ``gpu-<i>``
   paired with ``nic-<i>`` and one rail constraint per pair; with several GPUs a
@@ -68,8 +70,15 @@ def _sub_name(alt: Alternative, variant: tuple[str, ...]) -> str:
 
 
 def _subrequest(alt: Alternative, name: str, count: int) -> dict[str, Any]:
-    return {"name": name, "deviceClassName": alt.device_class_name, "allocationMode": "ExactCount",
-            "count": count}
+    return {"name": name, **_exact(alt, count)}
+
+
+def _exact(alt: Alternative, count: int) -> dict[str, Any]:
+    """``count`` devices of the alternative's class, each giving the capacity it asks for (KEP-5075)."""
+    out: dict[str, Any] = {"deviceClassName": alt.device_class_name, "allocationMode": "ExactCount", "count": count}
+    if alt.capacity:
+        out["capacity"] = {"requests": dict(alt.capacity)}
+    return out
 
 
 def _gpu_request(profile: ClaimProfile, driver: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -81,8 +90,7 @@ def _gpu_request(profile: ClaimProfile, driver: str) -> tuple[dict[str, Any], li
 
     if len(spec.alternatives) == 1 and not preferred:
         alt = spec.alternatives[0]
-        exact = {"deviceClassName": alt.device_class_name, "allocationMode": "ExactCount", "count": alt.count}
-        return {"name": REQUEST, "exactly": exact}, constraints
+        return {"name": REQUEST, "exactly": _exact(alt, alt.count)}, constraints
 
     variants = _variants(preferred)
     pairs: list[tuple[Alternative, tuple[str, ...]]]
@@ -112,8 +120,7 @@ def _rail_requests(profile: ClaimProfile, driver: str, nic_class: str) -> tuple[
     for i, gname in enumerate(gpu_names):
         if len(spec.alternatives) == 1:
             alt = spec.alternatives[0]
-            requests.append({"name": gname, "exactly": {"deviceClassName": alt.device_class_name,
-                                                        "allocationMode": "ExactCount", "count": 1}})
+            requests.append({"name": gname, "exactly": _exact(alt, 1)})
         else:
             subs = [_subrequest(a, a.effective_name, 1) for a in spec.alternatives]
             requests.append({"name": gname, "firstAvailable": subs})
