@@ -13,7 +13,7 @@ import argparse
 import logging
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,19 +175,23 @@ def shared_gpus_published(slices: Iterable[dict[str, Any]], driver: str) -> bool
                for dev in (sl.get("spec") or {}).get("devices") or [])
 
 
+def _device_attributes(slices: Iterable[dict[str, Any]], driver: str) -> Iterator[dict[str, Any]]:
+    """The ``attributes`` of every device in the ResourceSlices of ``driver``."""
+    for sl in slices:
+        spec = sl.get("spec") or {}
+        if spec.get("driver") == driver:
+            for dev in spec.get("devices") or []:
+                yield dev.get("attributes") or {}
+
+
 def mig_sizes(slices: Iterable[dict[str, Any]], driver: str) -> set[int]:
     """Compute-slice counts of the MIG placement devices in ResourceSlices of ``driver``."""
     out: set[int] = set()
-    for sl in slices:
-        spec = sl.get("spec") or {}
-        if spec.get("driver") != driver:
-            continue
-        for dev in spec.get("devices") or []:
-            attrs = dev.get("attributes") or {}
-            if (attrs.get("type") or {}).get("string") == "mig":
-                n = (attrs.get("computeSlices") or {}).get("int")
-                if isinstance(n, int):
-                    out.add(n)
+    for attrs in _device_attributes(slices, driver):
+        if (attrs.get("type") or {}).get("string") == "mig":
+            n = (attrs.get("computeSlices") or {}).get("int")
+            if isinstance(n, int):
+                out.add(n)
     return out
 
 
@@ -195,19 +199,14 @@ def inventory(slices: Iterable[dict[str, Any]], driver: str) -> tuple[set[str], 
     """GPU models and whether any NIC is published, from ResourceSlices of ``driver``."""
     models: set[str] = set()
     has_nic = False
-    for sl in slices:
-        spec = sl.get("spec") or {}
-        if spec.get("driver") != driver:
-            continue
-        for dev in spec.get("devices") or []:
-            attrs = dev.get("attributes") or {}
-            kind = (attrs.get("type") or attrs.get(f"{driver}/type") or {}).get("string")
-            if kind == "nic":
-                has_nic = True
-            elif kind == "gpu":
-                model = (attrs.get("model") or attrs.get(f"{driver}/model") or {}).get("string")
-                if model:
-                    models.add(model)
+    for attrs in _device_attributes(slices, driver):
+        kind = (attrs.get("type") or attrs.get(f"{driver}/type") or {}).get("string")
+        if kind == "nic":
+            has_nic = True
+        elif kind == "gpu":
+            model = (attrs.get("model") or attrs.get(f"{driver}/model") or {}).get("string")
+            if model:
+                models.add(model)
     return models, has_nic
 
 
