@@ -27,7 +27,7 @@ from conftest import ClusterHandle, wait_for
 
 from topodra.apipaths import node_path
 from topodra.hardware import load_backend
-from topodra.nodelabels import GPU_COUNT, GPU_MODEL, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
+from topodra.nodelabels import GPU_COUNT, GPU_MODEL, MANAGED, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
 from topodra.plugin import config as plugin_config
 from topodra.plugin.config import ConfigError
 from topodra.plugin.nodelabel import LabelError, NodeLabeler, backoff, node_patch, wanted_labels
@@ -166,6 +166,15 @@ def label(key: str, value: str | None) -> Obj:
     return {"metadata": {"labels": {key: value}}}
 
 
+def test_admission_policy_allows_exactly_the_labels_the_plugin_manages() -> None:
+    """The policy's key list and nodelabels.MANAGED must not drift apart (the chart cannot import Python)."""
+    text = gen_manifests.render(["controller.enabled=false"], namespace="topodra-system")
+    [vap] = [o for o, _ in gen_manifests.split(text)
+             if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("-own-node-labels")]
+    [keys] = [v["expression"] for v in vap["spec"]["variables"] if v["name"] == "managedKeys"]
+    assert sorted(json.loads(keys)) == sorted(MANAGED)
+
+
 @pytest.mark.cluster
 def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(cluster: ClusterHandle) -> None:
     """The chart's RBAC + policies for a throwaway ServiceAccount; writes with a real pod-bound token."""
@@ -213,7 +222,9 @@ def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(clust
         assert code == 200 and GPU_COUNT not in labels_of(nc, here), body
 
         for patch, message in (
-                (label("team", "b"), "may only change labels under 'topodra.io/', not: team"),
+                (label("team", "b"), "may only change the topodra.io/ labels it manages ("),
+                (label("team", "b"), "not: team"),
+                (label("topodra.io/kubelet-plugin", "false"), "not: topodra.io/kubelet-plugin"),
                 (label("team", None), "not: team"),
                 (label("node-role.kubernetes.io/gpu", ""), "not: node-role.kubernetes.io/gpu"),
                 ({"spec": {"unschedulable": True}}, "not its spec (taints, unschedulable)"),
