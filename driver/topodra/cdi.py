@@ -202,6 +202,15 @@ def minimum_version(spec: dict[str, Any]) -> str:
     return need
 
 
+def _list_field(edits: dict[str, Any], key: str, where: str, problems: list[str]) -> list[Any]:
+    """``edits[key]`` as a list (empty when absent); a non-list is a problem and reads as empty."""
+    value = edits.get(key) or []
+    if isinstance(value, list):
+        return value
+    problems.append(f"{where}: {key} must be a list")
+    return []
+
+
 def _check_edits(where: str, edits: Any, problems: list[str]) -> bool:
     """Append problems with one containerEdits block; True when it edits something."""
     if not isinstance(edits, dict):
@@ -210,18 +219,12 @@ def _check_edits(where: str, edits: Any, problems: list[str]) -> bool:
     unsupported = set(edits) - _SUPPORTED_EDIT_KEYS
     if unsupported:
         problems.append(f"{where}: unsupported containerEdits fields {sorted(unsupported)}")
-    env = edits.get("env") or []
-    if not isinstance(env, list):
-        problems.append(f"{where}: env must be a list")
-        env = []
+    env = _list_field(edits, "env", where, problems)
     for item in env:
         key, sep, value = item.partition("=") if isinstance(item, str) else ("", "", "")
         if not sep or not _ENV_KEY.match(key) or "\0" in value:
             problems.append(f"{where}: env entry {item!r} is not KEY=VALUE with a valid KEY")
-    nodes = edits.get("deviceNodes") or []
-    if not isinstance(nodes, list):
-        problems.append(f"{where}: deviceNodes must be a list")
-        nodes = []
+    nodes = _list_field(edits, "deviceNodes", where, problems)
     for node in nodes:
         if not isinstance(node, dict):
             problems.append(f"{where}: device node {node!r} must be an object")
@@ -238,10 +241,7 @@ def _check_edits(where: str, edits: Any, problems: list[str]) -> bool:
         perms = node.get("permissions", "")
         if not isinstance(perms, str) or set(perms) - set("rwm"):
             problems.append(f"{where}: device node permissions {perms!r} may only contain r, w, m")
-    mounts = edits.get("mounts") or []
-    if not isinstance(mounts, list):
-        problems.append(f"{where}: mounts must be a list")
-        mounts = []
+    mounts = _list_field(edits, "mounts", where, problems)
     for m in mounts:
         if not isinstance(m, dict):
             problems.append(f"{where}: mount {m!r} must be an object")

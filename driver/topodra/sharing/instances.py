@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -88,6 +88,17 @@ class MigInstances:
         finally:
             self.nvml.nvmlShutdown()
 
+    def _by_id(self, get: Callable[[Any, int], Any], parent: Any, limit: int) -> Iterator[tuple[int, Any]]:
+        """(id, instance) for every id below ``limit`` that ``get(parent, id)`` finds; NotFound ids are gaps."""
+        for i in range(limit):
+            try:
+                obj = get(parent, i)
+            except self.nvml.NVMLError as e:
+                if self._not_found(e):
+                    continue
+                raise
+            yield i, obj
+
     def _not_found(self, e: BaseException) -> bool:
         return any(isinstance(e, c) for c in (getattr(self.nvml, "NVMLError_NotFound", None),
                                               getattr(self.nvml, "NVMLError_InvalidArgument", None)) if c)
@@ -148,13 +159,7 @@ class MigInstances:
                     if self._not_found(e):
                         return False
                     raise
-                for ci_id in range(MAX_COMPUTE_INSTANCE_ID):
-                    try:
-                        ci = n.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
-                    except n.NVMLError as e:
-                        if self._not_found(e):
-                            continue
-                        raise
+                for _ci_id, ci in self._by_id(n.nvmlGpuInstanceGetComputeInstanceById, gi, MAX_COMPUTE_INSTANCE_ID):
                     n.nvmlComputeInstanceDestroy(ci)
                 n.nvmlGpuInstanceDestroy(gi)
             except n.NVMLError as e:
@@ -170,24 +175,10 @@ class MigInstances:
         with self._session():
             for parent in parents:
                 h = n.nvmlDeviceGetHandleByUUID(parent)
-                for gi_id in range(MAX_GPU_INSTANCE_ID):
-                    try:
-                        gi = n.nvmlDeviceGetGpuInstanceById(h, gi_id)
-                    except n.NVMLError as e:
-                        if self._not_found(e):
-                            continue
-                        raise
+                for gi_id, gi in self._by_id(n.nvmlDeviceGetGpuInstanceById, h, MAX_GPU_INSTANCE_ID):
                     info = n.nvmlGpuInstanceGetInfo(gi)
-                    ci_id: int | None = None
-                    for c in range(MAX_COMPUTE_INSTANCE_ID):
-                        try:
-                            n.nvmlGpuInstanceGetComputeInstanceById(gi, c)
-                        except n.NVMLError as e:
-                            if self._not_found(e):
-                                continue
-                            raise
-                        ci_id = c
-                        break
+                    ci_id = next((c for c, _ci in self._by_id(n.nvmlGpuInstanceGetComputeInstanceById, gi,
+                                                              MAX_COMPUTE_INSTANCE_ID)), None)
                     out.append(MigInstance(parent_uuid=parent, gpu_instance=gi_id, compute_instance=ci_id,
                                            profile_id=int(info.profileId), start=int(info.placement.start)))
         return out
