@@ -12,10 +12,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +60,34 @@ class ClusterHandle:
                                                and Path(text_or_path).exists()):
             return self.kubectl("apply", "-f", str(text_or_path), *extra)
         return self.kubectl("apply", "-f", "-", *extra, input=str(text_or_path))
+
+    def pod_bound_token(self, namespace: str, service_account: str, node: str, pod: str = "plugin") -> str:
+        """A token of ``service_account`` bound to a pod on ``node``, as a DaemonSet pod's projected token is.
+
+        It carries the node name (``authentication.kubernetes.io/node-name``) our admission policies key on; the
+        pod needs no kubelet, its binding is what counts."""
+        created = self.kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+            "spec": {"serviceAccountName": service_account, "nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never"}]}})
+        tr = self.kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                "kind": "Pod", "apiVersion": "v1", "name": pod, "uid": created["metadata"]["uid"]}}})
+        return str(tr["status"]["token"])
+
+    def as_token(self, token: str, method: str, path: str, body: dict[str, Any] | None,
+                 content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
+        """(status, body) of one API call made with ``token`` instead of the admin's certificate."""
+        ctx = ssl.create_default_context(cafile=str(self.lc.pki / "ca.crt"))
+        req = urllib.request.Request(f"https://127.0.0.1:{self.lc.ports.apiserver}{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
 
     def install_claimprofile_crd(self) -> None:
         """Apply the ClaimProfile CRD and wait until the apiserver serves it."""

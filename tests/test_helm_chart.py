@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import ssl
 import subprocess
-import urllib.error
-import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
 import gen_manifests
@@ -169,18 +165,6 @@ def test_rendered_objects_pass_server_side_dry_run(cluster: ClusterHandle) -> No
         cluster.kube.delete(f"/api/v1/namespaces/{ns}")
 
 
-def _as_token(token: str, method: str, path: str, body: Obj | None, ca: Path) -> tuple[int, Obj]:
-    ctx = ssl.create_default_context(cafile=str(ca))
-    req = urllib.request.Request(f"https://127.0.0.1:6443{path}", method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 def _slice(name: str, node: str) -> Obj:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
             "spec": {"driver": "gpu.topodra.io", "nodeName": node,
@@ -207,22 +191,12 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(cluster: ClusterHandl
     created: list[str] = []
     try:
         nc.fake_nodes([here, there])
-        # A pod of that ServiceAccount bound to node `here` (no kubelet needed: the binding is what counts).
-        pod = nc.kube.create(f"/api/v1/namespaces/{ns}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin"},
-            "spec": {"serviceAccountName": sa, "nodeName": here, "automountServiceAccountToken": False,
-                     "containers": [{"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never"}]}})
-        tr = nc.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-                "kind": "Pod", "apiVersion": "v1", "name": "plugin", "uid": pod["metadata"]["uid"]}}})
-        bound = tr["status"]["token"]
+        bound = nc.pod_bound_token(ns, sa, here)
         unbound = nc.kubectl("create", "token", sa, "-n", ns, "--duration=1h").strip()
-        ca = nc.lc.pki / "ca.crt"
         other = f"{there}-gpu.topodra.io-x"
 
         def denied() -> Obj | None:  # the apiserver loads new policies asynchronously
-            code, body = _as_token(bound, "POST", slices_path(), _slice(other, there), ca)
+            code, body = nc.as_token(bound, "POST", slices_path(), _slice(other, there))
             if code == 201:
                 created.append(other)
                 nc.kube.delete(f"{slices_path()}/{other}")
@@ -235,19 +209,19 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(cluster: ClusterHandl
         assert "ValidatingAdmissionPolicy" in body["message"]
 
         own = f"{here}-gpu.topodra.io-x"
-        code, body = _as_token(bound, "POST", slices_path(), _slice(own, here), ca)
+        code, body = nc.as_token(bound, "POST", slices_path(), _slice(own, here))
         assert code == 201, body
         created.append(own)
-        code, body = _as_token(bound, "DELETE", f"{slices_path()}/{own}", None, ca)
+        code, body = nc.as_token(bound, "DELETE", f"{slices_path()}/{own}", None)
         assert code == 200, body
         created.remove(own)
 
-        code, body = _as_token(unbound, "POST", slices_path(), _slice(own, here), ca)
+        code, body = nc.as_token(unbound, "POST", slices_path(), _slice(own, here))
         assert code == 403 and "no node association found" in body["message"], body
         # Admins are not affected.
         nc.kube.create(slices_path(), _slice(other, there))
         created.append(other)
-        code, body = _as_token(bound, "DELETE", f"{slices_path()}/{other}", None, ca)
+        code, body = nc.as_token(bound, "DELETE", f"{slices_path()}/{other}", None)
         assert code == 403 and "may only write ResourceSlices of that node" in body["message"], body
     finally:
         for name in created:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import ssl
 import urllib.error
 import urllib.request
 import uuid
@@ -150,16 +149,7 @@ def test_labeler_retries_until_its_node_exists_then_keeps_labels_in_sync(cluster
         cluster.kube.delete(node_path(name))
 
 
-def _as_token(token: str, method: str, path: str, body: Obj, ca: Path) -> tuple[int, Obj]:
-    ctx = ssl.create_default_context(cafile=str(ca))
-    req = urllib.request.Request(f"https://127.0.0.1:6443{path}", method=method, data=json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {token}",
-                                          "Content-Type": "application/merge-patch+json"})
-    try:
-        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+MERGE = "application/merge-patch+json"
 
 
 def label(key: str, value: str | None) -> Obj:
@@ -191,20 +181,11 @@ def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(clust
     nc.kubectl("apply", "-n", ns, "-f", "-", input="\n---\n".join(yaml.safe_dump(o) for o in objs))
     try:
         nc.fake_nodes([here, there], {"team": "a"})
-        pod = nc.kube.create(f"/api/v1/namespaces/{ns}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin"},
-            "spec": {"serviceAccountName": sa, "nodeName": here, "automountServiceAccountToken": False,
-                     "containers": [{"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never"}]}})
-        tr = nc.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-                "kind": "Pod", "apiVersion": "v1", "name": "plugin", "uid": pod["metadata"]["uid"]}}})
-        bound = tr["status"]["token"]
+        bound = nc.pod_bound_token(ns, sa, here)
         unbound = nc.kubectl("create", "token", sa, "-n", ns, "--duration=1h").strip()
-        ca = nc.lc.pki / "ca.crt"
 
         def denied() -> Obj | None:  # the apiserver loads new policies asynchronously
-            code, body = _as_token(bound, "PATCH", node_path(there), label(GPU_COUNT, "8"), ca)
+            code, body = nc.as_token(bound, "PATCH", node_path(there), label(GPU_COUNT, "8"), MERGE)
             if code == 200:
                 nc.kube.merge_patch(node_path(there), label(GPU_COUNT, None))
                 return None
@@ -215,10 +196,10 @@ def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(clust
         assert f"on node '{here}' may only label that node, not '{there}'" in body["message"]
         assert GPU_COUNT not in labels_of(nc, there)
 
-        code, body = _as_token(bound, "PATCH", node_path(here), label(GPU_COUNT, "8"), ca)
+        code, body = nc.as_token(bound, "PATCH", node_path(here), label(GPU_COUNT, "8"), MERGE)
         assert code == 200, body
         assert labels_of(nc, here)[GPU_COUNT] == "8"
-        code, body = _as_token(bound, "PATCH", node_path(here), label(GPU_COUNT, None), ca)
+        code, body = nc.as_token(bound, "PATCH", node_path(here), label(GPU_COUNT, None), MERGE)
         assert code == 200 and GPU_COUNT not in labels_of(nc, here), body
 
         for patch, message in (
@@ -229,12 +210,12 @@ def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(clust
                 (label("node-role.kubernetes.io/gpu", ""), "not: node-role.kubernetes.io/gpu"),
                 ({"spec": {"unschedulable": True}}, "not its spec (taints, unschedulable)"),
                 ({"metadata": {"annotations": {"x": "y"}}}, "annotations")):
-            code, body = _as_token(bound, "PATCH", node_path(here), patch, ca)
+            code, body = nc.as_token(bound, "PATCH", node_path(here), patch, MERGE)
             assert code == 403 and message in body["message"], (patch, code, body.get("message"))
         assert labels_of(nc, here)["team"] == "a"
         assert not (nc.kube.get(node_path(here)) or {}).get("spec", {}).get("unschedulable")
 
-        code, body = _as_token(unbound, "PATCH", node_path(here), label(GPU_COUNT, "8"), ca)
+        code, body = nc.as_token(unbound, "PATCH", node_path(here), label(GPU_COUNT, "8"), MERGE)
         assert code == 403 and "no node association found" in body["message"], body
     finally:
         for o in objs:

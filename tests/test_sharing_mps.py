@@ -4,62 +4,33 @@ its directories and limits in the CDI spec, stopped on unprepare, and reconciled
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sharing_rig as rig
+from sharing_rig import claim, hardware, ref
 
 from topodra import checkpoint
 from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
-from topodra.devices import Device
-from topodra.hardware import load_backend, mockmps
-from topodra.hardware.mock import FakeNvml
-from topodra.inventory import Inventory
+from topodra.hardware import mockmps
 from topodra.sharing.config import Mps, Sharing
-from topodra.sharing.instances import MigInstances
 from topodra.sharing.mps import CONTAINER_PIPE_DIR, MpsDaemons, claim_env
-from topodra.sharing.timeslice import control_for
-from topodra.state import CRASH_EXIT_CODE, DeviceState
+from topodra.state import CRASH_EXIT_CODE
 
-DRIVER = "gpu.topodra.io"
-NODE = "mps-node"
 STAND_IN = str(Path(mockmps.__file__))
-
-
-def hardware(tmp_path: Path, profile: str = "mock:dgx-a100-80gb") -> tuple[list[Device], FakeNvml]:
-    backend = load_backend(profile, NODE, overrides={"migStateFile": str(tmp_path / "gpu-state.json"),
-                                                      "shareGpuMemory": profile == "mock:dgx-a100-80gb"})
-    return backend.discover(), backend.nvml
-
-
-def state(tmp_path: Path, devices: list[Device], nvml: FakeNvml, binary: str = STAND_IN) -> DeviceState:
-    boot = tmp_path / "boot_id"
-    if not boot.exists():
-        boot.write_text("boot-1\n")
-    return DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state", boot_id_path=str(boot),
-                       nvidia_spec_dirs=[], mig=MigInstances(nvml), timeslice_control=control_for(nvml),
-                       mps=MpsDaemons(tmp_path / "state", binary=binary))
+# This file's node has MPS, run by the stand-in control daemon (mock hardware).
+state = functools.partial(rig.state, mps_binary=STAND_IN)
 
 
 def mps(pct: int | None = 50, limit: str | None = "10Gi") -> Sharing:
     return Sharing(strategy="MPS", mps=Mps(defaultActiveThreadPercentage=pct, defaultPinnedDeviceMemoryLimit=limit))
-
-
-def claim(uid: str, device: str, sharing: Sharing | None, share: str | None = None) -> AllocatedClaim:
-    return AllocatedClaim(ref=ClaimRef(namespace="ns", uid=uid, name=f"c-{uid}"), devices=(AllocatedDevice(
-        request="gpus", device=device, share_id=share, access="shared" if share else "exclusive",
-        consumed=(("memory", "20Gi"),) if share else (), sharing=sharing),))
-
-
-def ref(uid: str) -> ClaimRef:
-    return ClaimRef("ns", uid, f"c-{uid}")
 
 
 def spec(tmp_path: Path, uid: str) -> dict[str, Any]:
@@ -121,7 +92,7 @@ def test_mps_on_a_mig_slice_serves_the_mig_uuid(tmp_path: Path) -> None:
 
 def test_missing_binary_fails_the_claim_and_changes_nothing(tmp_path: Path) -> None:
     devices, nvml = hardware(tmp_path, "mock:dgx-a100-80gb-mig")
-    st = state(tmp_path, devices, nvml, binary=str(tmp_path / "no-such-mps-control"))
+    st = state(tmp_path, devices, nvml, mps_binary=str(tmp_path / "no-such-mps-control"))
     err = st.prepare([claim("x", "gpu-2-mig-1g-10gb-0", mps())])["x"].error
     assert "cannot start nvidia-cuda-mps-control" in err, err
     assert st.checkpointed_claims() == [] and not list((tmp_path / "cdi").glob("*"))
@@ -142,7 +113,8 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from pathlib import Path
-    from test_sharing_mps import claim, hardware, mps, state
+    from sharing_rig import claim, hardware
+    from test_sharing_mps import mps, state
     tmp = Path({tmp!r})
     st = state(tmp, *hardware(tmp))
     st.prepare([claim({uid!r}, {device!r}, mps())])
@@ -151,10 +123,8 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(tmp_path: Path, uid: str, device: str, point: str | None) -> int:
-    code = CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), uid=uid, device=device)
-    env = {"PATH": "/usr/bin:/bin", **({"TOPODRA_CRASH_POINT": point} if point else {})}
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=60).returncode
+    return rig.run_child(CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), uid=uid, device=device),
+                         point).returncode
 
 
 @pytest.mark.parametrize("point", ["prepare-before-write", "after-cdi-written"])

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pynvml
 import pytest
 import yaml
+from sharing_rig import run_child
 
 from topodra import checkpoint
 from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
@@ -129,9 +128,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("point", ["after-mig-created", "after-cdi-written"])
 def test_kill_during_instance_creation_leaks_nothing(tmp_path: Path, point: str) -> None:
     """The process dies (exit 137, as from kill -9) with instances created and not recorded; restart cleans up."""
-    code = CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env={"TOPODRA_CRASH_POINT": point, "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=60)
+    r = run_child(CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path)), point)
     assert r.returncode == CRASH_EXIT_CODE, r.stderr
     devices, nvml = hardware(tmp_path)
     assert len(nvml.mig_instances()[str(nvml.facts.gpus[3].uuid)]) == 2, "the child created both instances"

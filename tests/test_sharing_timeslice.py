@@ -4,58 +4,24 @@ recovery set it back, bad or clashing configs change nothing; checkpoints withou
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pynvml
 import pytest
+from sharing_rig import claim, hardware, ref, run_child, state
 
 from topodra import checkpoint
-from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
-from topodra.devices import Device
-from topodra.hardware import load_backend
 from topodra.hardware.mock import FakeNvml
-from topodra.inventory import Inventory
 from topodra.sharing.config import Sharing, TimeSlicing
-from topodra.sharing.instances import MigInstances
 from topodra.sharing.timeslice import TimeSliceControl, control_for, desired_levels
-from topodra.state import CRASH_EXIT_CODE, DeviceState
+from topodra.state import CRASH_EXIT_CODE
 
-DRIVER = "gpu.topodra.io"
-NODE = "ts-node"
 FIXTURE_V2 = Path(__file__).parent / "fixtures" / "checkpoint-v2.json"
-
-
-def hardware(tmp_path: Path, profile: str = "mock:dgx-a100-80gb") -> tuple[list[Device], FakeNvml]:
-    """Devices and fake NVML; the GPU state file (MIG instances, time-slice levels) outlives processes."""
-    backend = load_backend(profile, NODE, overrides={"migStateFile": str(tmp_path / "gpu-state.json"),
-                                                      "shareGpuMemory": profile == "mock:dgx-a100-80gb"})
-    return backend.discover(), backend.nvml
-
-
-def state(tmp_path: Path, devices: list[Device], nvml: FakeNvml, control: bool = True) -> DeviceState:
-    boot = tmp_path / "boot_id"
-    if not boot.exists():
-        boot.write_text("boot-1\n")
-    return DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state", boot_id_path=str(boot),
-                       nvidia_spec_dirs=[], mig=MigInstances(nvml),
-                       timeslice_control=control_for(nvml) if control else None)
 
 
 def ts(interval: str) -> Sharing:
     return Sharing(strategy="TimeSlicing", timeSlicing=TimeSlicing(interval=interval))  # type: ignore[arg-type]
-
-
-def claim(uid: str, device: str, sharing: Sharing | None, share: str | None = None) -> AllocatedClaim:
-    return AllocatedClaim(ref=ClaimRef(namespace="ns", uid=uid, name=f"c-{uid}"), devices=(AllocatedDevice(
-        request="gpus", device=device, share_id=share, access="shared" if share else "exclusive",
-        consumed=(("memory", "20Gi"),) if share else (), sharing=sharing),))
-
-
-def ref(uid: str) -> ClaimRef:
-    return ClaimRef("ns", uid, f"c-{uid}")
 
 
 def levels(nvml: FakeNvml) -> dict[int, int]:
@@ -113,7 +79,7 @@ def test_clashing_interval_and_unsupported_devices_change_nothing(tmp_path: Path
     assert levels(nvml) == {0: 3} and not list((tmp_path / "cdi").glob("*_b.json"))
     # Without a way to set levels, a non-default interval is refused; Default needs nothing and is fine.
     (tmp_path / "bare").mkdir()
-    bare = state(tmp_path / "bare", *hardware(tmp_path / "bare"), control=False)
+    bare = state(tmp_path / "bare", *hardware(tmp_path / "bare"), timeslice=False)
     assert "cannot set time-slice levels" in bare.prepare([claim("x", "gpu-2", ts("Medium"))])["x"].error
     assert bare.prepare([claim("y", "gpu-2", ts("Default"))])["y"].error == ""
 
@@ -145,7 +111,8 @@ CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from pathlib import Path
-    from test_sharing_timeslice import claim, hardware, state, ts
+    from sharing_rig import claim, hardware, state
+    from test_sharing_timeslice import ts
     tmp = Path({tmp!r})
     st = state(tmp, *hardware(tmp))
     st.prepare([claim("k", "gpu-4", ts("Medium"))])
@@ -155,9 +122,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("point", ["prepare-before-write", "after-cdi-written"])
 def test_kill_after_setting_the_level_sets_it_back_on_restart(tmp_path: Path, point: str) -> None:
     """The process dies (exit 137, as from kill -9) with the level set and no checkpoint entry; restart resets it."""
-    code = CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env={"TOPODRA_CRASH_POINT": point, "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=60)
+    r = run_child(CHILD.format(tests=str(Path(__file__).parent), tmp=str(tmp_path)), point)
     assert r.returncode == CRASH_EXIT_CODE, r.stderr
     devices, nvml = hardware(tmp_path)
     assert levels(nvml) == {4: 2}, "the child set the level before dying"
