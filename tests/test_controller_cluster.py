@@ -215,3 +215,43 @@ def test_rendered_templates_are_valid_api_objects(crd: ClusterHandle, spec: dict
     tmpl = render_template(ClaimProfile.from_api(prof))
     stored = crd.kube.create(template_path(ns), tmpl)
     assert stored["spec"]["spec"]["devices"]["requests"] == tmpl["spec"]["spec"]["devices"]["requests"]
+
+
+def _log_says(ns: str, identity: str, text: str) -> bool:
+    path = LOG_DIR / f"{ns}-{identity}.log"
+    return path.exists() and text in path.read_text()
+
+
+def test_sigterm_before_the_operator_runs_is_a_clean_stop(crd: ClusterHandle) -> None:
+    """SIGTERM while waiting for the Lease, or just after taking it, exits 0 and frees the Lease.
+
+    kopf installs its signal handlers only once it runs; before that the default action killed the
+    process (-15) and left the Lease held for its full duration (seen in CI).
+    """
+    ns = crd.namespace("term")
+    crd.kube.create(profile_path(ns), _profile("train", VALID))
+    holder = _start_controller(crd, ns, "holder")
+    try:
+        wait_for(lambda: _log_says(ns, "holder", "now holds lease"), 60, "holder leads")
+        waiting = _start_controller(crd, ns, "waiting")
+        try:
+            wait_for(lambda: _log_says(ns, "waiting", "waiting for lease"), 60, "standby campaigns")
+            assert _stop(waiting) == 0
+            lease = crd.kube.get(lease_path(ns, "topodra-controller")) or {}
+            assert lease["spec"]["holderIdentity"] == "holder"
+        finally:
+            _stop(waiting)
+        # the holder, stopped as soon as it leads (its operator may not have started yet)
+    finally:
+        assert _stop(holder) == 0
+    lease = crd.kube.get(lease_path(ns, "topodra-controller")) or {}
+    assert lease["spec"]["holderIdentity"] == "", lease["spec"]
+
+    early = _start_controller(crd, ns, "early")
+    try:
+        wait_for(lambda: _log_says(ns, "early", "now holds lease"), 60, "early leads")
+        assert _stop(early) == 0
+    finally:
+        _stop(early)
+    lease = crd.kube.get(lease_path(ns, "topodra-controller")) or {}
+    assert lease["spec"]["holderIdentity"] == "", lease["spec"]

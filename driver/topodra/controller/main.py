@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import socket
 import threading
 import uuid
@@ -66,6 +67,13 @@ def ensure_login_name() -> None:
         os.environ["LOGNAME"] = f"uid-{os.getuid()}"
 
 
+def install_stop_handlers(handler: Callable[[int, object], None]) -> None:
+    """SIGTERM/SIGINT call ``handler`` instead of killing the process (main thread only, as Python requires)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -87,29 +95,43 @@ def run(args: argparse.Namespace) -> int:
     # default executor in wait(), and asyncio.run() would then hang at exit after SIGTERM.
     stop_kopf: list[Callable[[], None]] = []
 
-    def on_lost() -> None:
-        lost.set()
+    term = threading.Event()
+
+    def stop_all() -> None:
         stop.set()
         for fn in stop_kopf:
             fn()
 
+    def on_lost() -> None:
+        lost.set()
+        stop_all()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # kopf installs its own handlers only once its tasks run; a SIGTERM before that (while
+        # waiting for the Lease, or during the first refresh) would kill the process with -15 and
+        # leave the Lease held until it expires. CI caught that window (restart test, 1 in ~10 runs).
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        term.set()
+        stop_all()
+
+    install_stop_handlers(on_signal)
     elector: LeaderElector | None = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         elector = LeaderElector(kube, args.lease_namespace, args.lease_name, identity)
         leading = elector.start(on_lost)
-        try:
-            while not leading.wait(1.0):
-                pass
-        except KeyboardInterrupt:
-            elector.release()
-            return 0
+        while not leading.wait(0.2):
+            if term.is_set():
+                elector.release()
+                kube.close()
+                return 0
     cache = SnapshotCache(cfg)
     loop = RefreshLoop(kube, cfg, cache, stop=stop)
-    try:
-        refresh_all(kube, cfg, cache)  # converge at once after a restart or takeover
-    except KubeError as e:
-        log.warning("initial refresh failed: %s", e)
+    if not term.is_set():
+        try:
+            refresh_all(kube, cfg, cache)  # converge at once after a restart or takeover
+        except KubeError as e:
+            log.warning("initial refresh failed: %s", e)
     loop.start()
     registry = build_registry(kube, args.kubeconfig, cfg, cache)
     log.info("controller running (driver %s, namespaces %s)", cfg.driver,
@@ -122,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             running.call_soon_threadsafe(flag.set)
 
         stop_kopf.append(stop_from_thread)
-        if lost.is_set():
+        if lost.is_set() or term.is_set():
             flag.set()
         await kopf.operator(registry=registry, settings=kopf_settings(), standalone=True,
                             clusterwide=not cfg.namespaces, namespaces=list(cfg.namespaces), stop_flag=flag)
@@ -132,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         pass
     finally:
+        install_stop_handlers(on_signal)  # closing the loop reset them to the default (exit on -15)
         stop.set()
         loop.join()
         if elector is not None and not lost.is_set():
