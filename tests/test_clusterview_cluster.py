@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,7 +120,8 @@ def test_inventory_equals_the_raw_objects(cluster: ClusterHandle, scenarios: Cal
     try:
         template(s, "three", 3)
         template(s, "eight", 8, nvlink=True)
-        time.sleep(1.0)  # the scheduler's informers see both taints before anything is allocated
+        s.wait_scheduler_sees_taints(n0, 7)  # its informers hold both taints before anything is allocated
+        s.wait_scheduler_sees_taints(n1, 7)
         s.pod("small", "three", [n0])
         s.wait_allocated("small")
         s.pod("big", "eight", [n0, n1])  # n0: 4 usable, n1: 7 usable -> pending

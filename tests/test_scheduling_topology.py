@@ -116,6 +116,39 @@ class Scenario:
         for name in probes.values():
             wait_for(functools.partial(self._gone, claim_path(self.ns, name)), timeout, f"probe claim {name} gone")
 
+    def wait_scheduler_sees_taints(self, node: str, usable: int, timeout: float = 60) -> None:
+        """Block until the scheduler's own view of ``node`` leaves only ``usable`` GPUs (taints seen).
+
+        Taints written to a slice or a DeviceTaintRule reach the scheduler through informers, like the
+        slices themselves. A probe pod asks for ``usable + 1`` GPUs there: Unschedulable means the
+        scheduler sees the taints; allocated means it does not yet, so the probe is removed and asked again.
+        """
+        name = f"taint-probe-{usable + 1}"
+        if self.kube.get(template_path(self.ns, name)) is None:
+            self.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                         "metadata": {"name": name}, "spec": {"spec": {"devices": {"requests": [
+                             {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": usable + 1}}]}}}})
+        deadline = time.monotonic() + timeout
+        for attempt in range(1000):
+            pod_name = f"{name}-{node[-8:]}-{attempt}"
+            self.pod(pod_name, name, [node])
+
+            def outcome(pod_name: str = pod_name) -> str | None:
+                if any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                       for c in self.conditions(pod_name)):
+                    return "unschedulable"
+                return "allocated" if self.get_pod(pod_name)["spec"].get("nodeName") else None
+
+            seen = wait_for(outcome, max(1.0, deadline - time.monotonic()), f"probe {pod_name} decided")
+            if self.claim_of(pod_name) is not None:
+                self.release(pod_name)
+            else:
+                self.kube.request("DELETE", pod_path(self.ns, pod_name),
+                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+            if seen == "unschedulable":
+                return
+            assert time.monotonic() < deadline, f"the scheduler still allocates {usable + 1} GPUs on {node}"
+
     def _gone(self, path: str) -> bool:
         return self.kube.get(path) is None
 
