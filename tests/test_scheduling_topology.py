@@ -258,9 +258,19 @@ class Scenario:
 
         message: str = wait_for(unschedulable, timeout, f"pod {pod_name} Unschedulable")
         assert UNSCHEDULABLE_NEEDLE in message, message
-        events = [e for e in self.kube.list(event_path(self.ns))
-                  if e["involvedObject"].get("name") == pod_name and e.get("reason") == "FailedScheduling"]
-        assert any(UNSCHEDULABLE_NEEDLE in e.get("message", "") for e in events), events
+        # The scheduler's event recorder writes the event from its own goroutine, after (or before) the
+        # condition: wait for it rather than read the events once.
+        events: list[Obj] = []
+
+        def failed_scheduling_event() -> bool:
+            events[:] = [e for e in self.kube.list(event_path(self.ns))
+                         if e["involvedObject"].get("name") == pod_name and e.get("reason") == "FailedScheduling"]
+            return any(UNSCHEDULABLE_NEEDLE in e.get("message", "") for e in events)
+
+        try:
+            wait_for(failed_scheduling_event, 30, f"FailedScheduling event of {pod_name}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; events: {events}") from None
         time.sleep(settle)
         assert not self.get_pod(pod_name)["spec"].get("nodeName")
         claim = self.claim_of(pod_name)
