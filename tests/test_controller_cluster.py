@@ -158,8 +158,9 @@ def test_controller_renders_replaces_and_deletes(controller: tuple[ClusterHandle
     inv = wait_for(lambda: _condition(cluster, ns, "nope", "Invalid"), 60, "Invalid condition")
     assert (inv["status"], inv["reason"]) == ("True", "UnknownDeviceClass")
     assert cluster.kube.get(template_path(ns, "nope")) is None
-    events = list(cluster.kube.list(event_path(ns)))
-    assert any(e["reason"] == "UnknownDeviceClass" and e["involvedObject"]["name"] == "nope" for e in events)
+    # The controller posts the Event only after it patched the status: wait for it, do not read once.
+    wait_for(lambda: any(e["reason"] == "UnknownDeviceClass" and e["involvedObject"]["name"] == "nope"
+                         for e in cluster.kube.list(event_path(ns))), 30, "UnknownDeviceClass event")
 
     # delete -> template goes
     cluster.kube.delete(profile_path(ns, "train"))
