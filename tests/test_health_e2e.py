@@ -196,6 +196,31 @@ class Repeater:
         self._thread.join(5)
 
 
+def wait_blocked(nc: ClusterHandle, ns: str, timeout: float = 60) -> str:
+    """A pod of template ``plain`` the scheduler reports Unschedulable on the tainted GPUs; returns its name.
+
+    The taints are in the API, but the scheduler learns of them from its informers, which may lag under
+    load: a pod it allocates meanwhile proves only the lag, so it is deleted and the next one is asked.
+    Taints the scheduler never honours still fail here, at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(1000):
+        name = f"blocked-{attempt}"
+        pod(nc, ns, name, "plain", "true")
+
+        def outcome(name: str = name) -> str | None:
+            p = get_pod(nc, ns, name)
+            if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   for c in (p.get("status") or {}).get("conditions") or []):
+                return "unschedulable"
+            return "allocated" if p["spec"].get("nodeName") else None
+
+        if wait_for(outcome, max(1.0, deadline - time.monotonic()), f"pod {name} decided") == "unschedulable":
+            return name
+        delete_pod(nc, ns, name)
+        assert time.monotonic() < deadline, "the scheduler still allocates GPUs tainted NoSchedule"
+    raise AssertionError("unreachable")
+
+
 # ---------------- tests
 
 
@@ -212,14 +237,8 @@ def test_noschedule_xid_blocks_new_claims_but_a_tolerating_claim_gets_one_then_c
         t = taints(nc)["gpu-0"][0]
         assert t["timeAdded"].endswith("Z") and t["value"] == "94"
         # The real scheduler leaves a claim without toleration unallocated ...
-        pod(nc, ns, "blocked", "plain", "true")
-
-        def unschedulable() -> bool:
-            conds = (get_pod(nc, ns, "blocked").get("status") or {}).get("conditions") or []
-            return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds)
-
-        wait_for(unschedulable, 60, "blocked pod reported Unschedulable")
-        c = claim_of(nc, ns, "blocked")
+        blocked = wait_blocked(nc, ns)
+        c = claim_of(nc, ns, blocked)
         assert not (c or {}).get("status", {}).get("allocation")
         # ... and gives a tainted GPU to a claim that tolerates the taint.
         pod(nc, ns, "tolerant", "tolerant")
@@ -231,16 +250,16 @@ def test_noschedule_xid_blocks_new_claims_but_a_tolerating_claim_gets_one_then_c
         wait_for(lambda: list(resource_health(nc, ns, "tolerant").values()) == ["Unhealthy"], 60,
                  f"allocatedResourcesStatus Unhealthy for {dev}")
         print("allocatedResourcesStatus:", resource_health(nc, ns, "tolerant"))
-        assert (get_pod(nc, ns, "blocked").get("status") or {}).get("phase") == "Pending"
+        assert (get_pod(nc, ns, blocked).get("status") or {}).get("phase") == "Pending"
     # The XIDs stop: after the hold time the taints clear by themselves, no restart.
     t0 = time.monotonic()
     wait_for(lambda: not taints(nc), 30, "taints cleared after recovery")
     assert time.monotonic() - t0 >= HOLD - 1.5  # hysteresis, not an instant flip
     assert plugin.alive()
-    wait_running(nc, ns, "blocked", timeout=90)  # the waiting claim is now allocated
+    wait_running(nc, ns, blocked, timeout=90)  # the waiting claim is now allocated
     wait_for(lambda: list(resource_health(nc, ns, "tolerant").values()) == ["Healthy"], 60,
              "allocatedResourcesStatus back to Healthy")
-    for name in ("blocked", "tolerant"):
+    for name in (blocked, "tolerant"):
         delete_pod(nc, ns, name)
 
 
