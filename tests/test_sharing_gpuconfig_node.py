@@ -47,7 +47,9 @@ def plugin(node_cluster: ClusterHandle, gpu_state: Path,
                       extra_env={"TOPODRA_BOOT_ID_FILE": str(boot), "TOPODRA_HARDWARE_CONFIG": str(cfg),
                                  "TOPODRA_MPS_CONTROL": str(Path(mockmps.__file__))})
     p.start()
-    wait_for(lambda: published_uuid(node_cluster, "gpu-7"), 60, "devices published")
+    # Registration does not wait for the publisher, and the slice an earlier plugin of the session (dgx-h100)
+    # left on this node also has a gpu-7: wait for this plugin's A100 pool.
+    wait_for(lambda: published_model(node_cluster, "gpu-7").startswith("A100"), 60, "the A100 devices published")
     yield p
     p.stop()
 
@@ -58,6 +60,14 @@ def published_uuid(nc: ClusterHandle, gpu: str) -> str | None:
             if d["name"] == gpu:
                 return str(d["attributes"]["uuid"]["string"])
     return None
+
+
+def published_model(nc: ClusterHandle, gpu: str) -> str:
+    for s in nc.kube.list(slices_path(), field_selector=f"spec.driver=gpu.topodra.io,spec.nodeName={nc.node_name}"):
+        for d in s["spec"].get("devices") or []:
+            if d["name"] == gpu:
+                return str(d["attributes"].get("model", {}).get("string", ""))
+    return ""
 
 
 def template(nc: ClusterHandle, ns: str, name: str, minor: int, parameters: dict[str, Any]) -> None:
