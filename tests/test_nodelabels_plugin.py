@@ -137,7 +137,8 @@ def test_labeler_retries_until_its_node_exists_then_keeps_labels_in_sync(cluster
         have = wait_for(lambda: synced(want), 30, "labels once the Node exists")
         # The admin's rail group is ours (the plugin has a topology) and no longer configured: removed.
         assert NVLINK_CLIQUE not in have and RAIL_GROUP not in have, have
-        assert results[-1] is True and labeler.failures == 0
+        # The labeler records the result after its PATCH returned, so a moment after the labels are visible.
+        wait_for(lambda: results[-1] is True and labeler.failures == 0, 30, "the labeler to record its success")
         labeler.devices_changed(devices(hideGpus=[0, 1]))  # two GPUs fell off the bus
         wait_for(lambda: synced({GPU_COUNT: "6", "team": "a"}), 30, "gpu-count following the devices")
         labeler.topology_changed({"scalable_unit": "su8", "rail_group": "r2"})
@@ -253,7 +254,8 @@ def test_plugin_labels_the_real_node_and_follows_hardware_changes(node_cluster: 
         proc.start()
         wait_for(lambda: synced({GPU_COUNT: "8", GPU_MODEL: "H100-SXM5-80GB", SCALABLE_UNIT: "su-e2e",
                                  RAIL_GROUP: None, "team": "e2e"}), 60, "labels on the real node")
-        assert proc.metric("topodra_plugin_node_labels_synced") == 1.0
+        # The gauge is set after the PATCH returned: a moment after the labels are visible.
+        wait_for(lambda: proc.metric("topodra_plugin_node_labels_synced") == 1.0, 30, "node_labels_synced 1")
         assert proc.metric("topodra_plugin_node_label_failures_total") == 0.0
         assert proc.proc is not None
         hw.write_text("hideGpus: [5]\nrailGroup: rg-1\n")
