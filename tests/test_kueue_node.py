@@ -52,6 +52,11 @@ def test_kueue_job_runs_on_the_real_node_with_prepared_devices(kueue_node: Clust
     nc.kube.create(f"{KUEUE}/namespaces/{ns}/localqueues", {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "q"},
         "spec": {"clusterQueue": cq}})
+    # As test_kueue's Teams do: a Job made before Kueue (and the apiserver's webhook namespace selector) has
+    # seen the namespace label and the queues may be left alone or parked as inadmissible.
+    wait_for(lambda: any(c.get("type") == "Active" and c.get("status") == "True" for c in (
+        (nc.kube.get(f"{KUEUE}/namespaces/{ns}/localqueues/q") or {}).get("status") or {}).get("conditions") or []),
+             30, "LocalQueue q active")
     plan = kq.plan(ClaimProfile.from_api({"metadata": {"name": "p", "namespace": ns}, "spec": {
         "queueing": "Kueue", "localQueue": "q",
         "alternatives": [{"deviceClassName": "gpu-h200", "count": 2},
