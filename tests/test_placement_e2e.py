@@ -25,6 +25,8 @@ from conftest import REPO, ClusterHandle, wait_for
 from localcluster import free_port
 from test_scheduling_topology import Scenario, apply_example, one, scenario_maker
 
+from topodra.apipaths import slices_path
+
 pytestmark = pytest.mark.cluster
 
 SMALL_PODS = 16  # half of the 32 GPUs
@@ -133,8 +135,11 @@ def test_stock_scoring_strands_the_8_gpu_job_and_the_scorer_does_not(
     try:
         cluster.lc.restart_scheduler(scheduler_extender=s.url)
         packed = scenarios([("h100", "dgx-h100", 4)], "packed")
-        wait_for(lambda: s.metric('topodra_placement_cache_objects{kind="slices"}') >= 4, 30,
-                 "scorer sees the new nodes' slices")
+        # Every slice the API holds, not just 4: slices other tests left on their nodes count too, and
+        # would let a scorer that has not seen this scenario's nodes yet score the first pods.
+        published = len(list(cluster.kube.list(slices_path(), field_selector="spec.driver=gpu.topodra.io")))
+        wait_for(lambda: s.metric('topodra_placement_cache_objects{kind="slices"}') >= published, 30,
+                 f"scorer sees all {published} slices, the new nodes' among them")
         placed, big = fill_then_ask_for_8(packed)
         assert sorted(placed.values()) == [0, 0, 8, 8] or sorted(placed.values()) == [8, 8], placed
         node, results = packed.wait_allocated(big)
