@@ -340,9 +340,13 @@ def write_spec(cdi_root: Path, driver_name: str, claim_uid: str, spec: dict[str,
     missing specs from it at start (see ``atomicfile``).
     """
     path = spec_path(cdi_root, driver_name, claim_uid)
-    cdi_root.mkdir(parents=True, exist_ok=True)
     # Compact: indented JSON takes the pure-Python encoder, on every prepare.
-    write_atomic(path, json.dumps(spec, separators=(",", ":")).encode() + b"\n", mode=0o644, sync="none")
+    raw = json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+    try:
+        write_atomic(path, raw, mode=0o644, sync="none")
+    except FileNotFoundError:  # the directory was removed (e.g. a wiped tmpfs): make it, once, not on every write
+        cdi_root.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, raw, mode=0o644, sync="none")
     return path
 
 

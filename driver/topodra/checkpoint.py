@@ -187,24 +187,50 @@ def decode(raw: bytes, path: Path) -> CheckpointData:
     return data
 
 
-def load(path: Path) -> CheckpointData | None:
-    """The checkpoint at ``path``; None when there is none yet."""
+LoadCache = dict[Path, tuple[bytes, CheckpointData]]
+"""path → (the file's exact bytes, what they decode to): the version this process last read or wrote."""
+
+
+def load(path: Path, cache: LoadCache | None = None) -> CheckpointData | None:
+    """The checkpoint at ``path``; None when there is none yet.
+
+    The file is always read.  With ``cache``, bytes identical to the version this process
+    last read or wrote are not decoded again (JSON, checksum and schema checks cost about
+    as much as the read's syscalls on every prepare and unprepare); any other content, a
+    peer's write or a corruption, is decoded and checked in full.  ``CheckpointData`` is
+    frozen, so handing out the cached object is safe.
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
+        if cache is not None:
+            cache.pop(path, None)
         return None
-    return decode(raw, path)
+    if cache is not None:
+        known = cache.get(path)
+        if known is not None and known[0] == raw:
+            return known[1]
+    data = decode(raw, path)
+    if cache is not None:
+        cache[path] = (raw, data)
+    return data
 
 
-def save(path: Path, data: CheckpointData, *, sync: Sync = "durable") -> None:
+def save(path: Path, data: CheckpointData, *, sync: Sync = "durable", cache: LoadCache | None = None) -> None:
     """Replace the checkpoint; ``sync="data"`` when the version need not survive a power loss.
 
     Never ``"none"``: the checkpoint is the source of truth, so a torn version must never
-    reach the disk (see ``atomicfile``).
+    reach the disk (see ``atomicfile``).  ``cache`` (see ``load``) then knows the new bytes;
+    it is dropped when the write fails, as the file may hold either version.
     """
     if sync == "none":
         raise ValueError("the checkpoint is never written without fsync")
-    write_atomic(path, encode(data), mode=0o600, sync=sync)
+    raw = encode(data)
+    if cache is not None:
+        cache.pop(path, None)
+    write_atomic(path, raw, mode=0o600, sync=sync)
+    if cache is not None:
+        cache[path] = (raw, data)
 
 
 def quarantine(path: Path, now: float | None = None) -> Path:

@@ -185,6 +185,7 @@ class DeviceState:
         self.nvidia_spec_dirs = [Path(d) for d in nvidia_spec_dirs]
         self.observer = observer
         self._spec_cache: cdi.SpecCache = {}
+        self._checkpoint_cache: checkpoint.LoadCache = {}
         point = crash_point if crash_point is not None else os.environ.get(CRASH_POINT_ENV) or None
         if point is not None and point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
@@ -284,13 +285,16 @@ class DeviceState:
     # ---- IO helpers ----
 
     def _load(self) -> CheckpointData:
-        return checkpoint.load(self.checkpoint_path) or CheckpointData(boot_id=self.boot_id)
+        """The checkpoint as on disk now (re-read under the lock: a peer process may have written it)."""
+        return checkpoint.load(self.checkpoint_path, self._checkpoint_cache) or CheckpointData(boot_id=self.boot_id)
 
     def _save(self, data: CheckpointData) -> None:
         """Write the checkpoint durably: its answer goes to the kubelet next (see docs/prepare.md)."""
         # An unreadable boot ID must not erase the one recorded (reboot detection would be lost).
         boot_id = self.boot_id or data.boot_id
-        checkpoint.save(self.checkpoint_path, data.model_copy(update={"boot_id": boot_id}), sync="durable")
+        if boot_id != data.boot_id:
+            data = data.model_copy(update={"boot_id": boot_id})
+        checkpoint.save(self.checkpoint_path, data, sync="durable", cache=self._checkpoint_cache)
         self._report(data)
 
     def _maybe_crash(self, point: str) -> None:
@@ -508,6 +512,8 @@ class DeviceState:
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
         started = [e for e in data.claims.values() if e.state == PREPARE_STARTED]
+        if not started:
+            return data, []
         for e in started:
             cdi.remove_spec(self.cdi_root, self.driver_name, e.uid)
             log.warning("node %s: rolled back claim %s left in %s by a crashed prepare",
@@ -575,7 +581,8 @@ class DeviceState:
         for ref, entry, spec in fresh:
             gpus = self._timeslice_gpus(entry, devices)
             try:
-                self._apply_timeslices(applied.with_claim(entry), devices, gpus)
+                if gpus:
+                    self._apply_timeslices(applied.with_claim(entry), devices, gpus)
             except TimeSliceError as e:
                 with contextlib.suppress(TimeSliceError):
                     self._apply_timeslices(applied, devices, gpus)
@@ -744,8 +751,9 @@ class DeviceState:
             removed.append(entry)
             results[c.uid] = ""
         if removed or rolled_back:
+            remaining = data.without_claims({e.uid for e in removed})
             try:
-                self._save(data.without_claims({e.uid for e in removed}))
+                self._save(remaining)
             except OSError as e:
                 devices = self.inventory.by_name
                 for entry in removed:  # still prepared: put its spec back, so the two agree until the retry
@@ -754,7 +762,7 @@ class DeviceState:
                         cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
                 return results
             self._maybe_crash("after-unprepare-checkpoint-written")
-            self._settle_levels(data.without_claims({e.uid for e in removed}), self.inventory.by_name, removed)
+            self._settle_levels(remaining, self.inventory.by_name, removed)
         return results  # successes are logged once, by the gRPC layer, outside the lock
 
     # ---- devices ----
