@@ -12,9 +12,14 @@ Timed: each run is a fresh ``python -m topodra.cli inventory`` process (interpre
 lists, the view, the output), for the table, ``-o json`` and ``--png FILE``. In-process, the same run's
 phases: listing (``fetch``) and building the view (``build_view``). Statistics: median with its
 distribution-free 95% interval, p99 (nearest rank: the maximum below 100 runs), min, max. Results go to
-``bench/results/inventory-<UTC time>.json``.
+``bench/results/inventory-<UTC time>.json``, with the 1-minute load average before each run.
+
+``--baseline-src DIR`` runs each variant a second time with DIR's ``driver/`` (``*_baseline``), interleaved,
+and reports the paired differences run by run (``*_paired_diff_s``: this checkout minus the baseline), which
+the machine's drifting load blurs far less than two separate medians.
 
     .venv/bin/python bench/inventory_bench.py --runs 15
+    .venv/bin/python bench/inventory_bench.py --runs 21 --baseline-src /tmp/base
 """
 
 from __future__ import annotations
@@ -124,24 +129,31 @@ def measure(kubeconfig: Path, runs: int, pods: int, save_png: Path | None,
     with tempfile.TemporaryDirectory() as tmp:
         variants: dict[str, list[str]] = {"table": [], "json": ["-o", "json"], "png": ["--png", f"{tmp}/inv.png"]}
         envs: dict[str, dict[str, str] | None] = dict.fromkeys(variants)
-        if baseline is not None:  # the same --png run with another checkout's driver/, under the same load
-            variants["png_baseline"] = ["--png", f"{tmp}/base.png"]
-            envs["png_baseline"] = {**os.environ, "PYTHONPATH": str(baseline / "driver")}
+        if baseline is not None:  # the same runs with another checkout's driver/, under the same load
+            for name, extra in list(variants.items()):
+                variants[f"{name}_baseline"] = ["--png", f"{tmp}/base.png"] if name == "png" else extra
+                envs[f"{name}_baseline"] = {**os.environ, "PYTHONPATH": str(baseline / "driver")}
         walls: dict[str, list[float]] = {k: [] for k in variants}
+        loads: list[float] = []
         for i in range(runs):
+            loads.append(os.getloadavg()[0])
             for name, extra in variants.items():  # interleaved, so drift in machine load hits all alike
                 t0 = time.perf_counter()
                 p = subprocess.run([*cli(kubeconfig), *extra], capture_output=True, text=True, env=envs[name])
                 walls[name].append(time.perf_counter() - t0)
                 if p.returncode != 0:
                     raise SystemExit(f"inventory {name} failed: {p.stderr[-2000:]}")
-                if name == "json":
+                if name.startswith("json"):
                     data = json.loads(p.stdout)
                     if data["summary"]["total"] != 400 or data["summary"]["allocated"] != gpus:
                         raise SystemExit(f"unexpected inventory: {data['summary']}")
             log(f"  run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in walls.items()))
         out.update({f"{k}_wall_s": summarize(v) for k, v in walls.items()})
+        for k in [k for k in walls if f"{k}_baseline" in walls]:  # paired: run i of both saw the same load
+            diffs = [a - b for a, b in zip(walls[k], walls[f"{k}_baseline"], strict=True)]
+            out[f"{k}_paired_diff_s"] = {**summarize(diffs), "faster_runs": sum(d < 0 for d in diffs)}
         out["samples"] = {k: [round(x, 3) for x in v] for k, v in walls.items()}
+        out["loadavg_1m_samples"] = [round(x, 2) for x in loads]
         if save_png is not None:
             save_png.write_bytes(Path(f"{tmp}/inv.png").read_bytes())
     fetch_s, build_s = [], []
@@ -164,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-png", type=Path, default=None, help="keep the last --png picture here")
     ap.add_argument("--json", type=Path, default=None, help="result file (default bench/results/inventory-*.json)")
     ap.add_argument("--baseline-src", type=Path, default=None,
-                    help="a checkout (e.g. `git worktree add /tmp/base HEAD~3`) whose driver/ also renders --png, "
-                         "interleaved with this one: png_baseline_wall_s")
+                    help="a checkout (e.g. `git worktree add /tmp/base HEAD~3`) whose driver/ also runs every "
+                         "variant, interleaved with this one: *_baseline_wall_s and the paired *_paired_diff_s")
     args = ap.parse_args(argv)
     if args.baseline_src is not None and not (args.baseline_src / "driver/topodra/cli.py").is_file():
         ap.error(f"--baseline-src {args.baseline_src}: no driver/topodra/cli.py there")
@@ -181,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     result["loadavg_1m"] = {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}
     path = args.json or REPO / "bench" / "results" / f"inventory-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    for k in ("table_wall_s", "json_wall_s", "png_wall_s", "png_baseline_wall_s", "fetch_s", "build_view_s"):
+    for k in ("table_wall_s", "json_wall_s", "png_wall_s", "table_baseline_wall_s", "json_baseline_wall_s",
+              "png_baseline_wall_s", "table_paired_diff_s", "json_paired_diff_s", "png_paired_diff_s", "fetch_s",
+              "build_view_s"):
         if k not in result:
             continue
         s = result[k]
-        print(f"{k:14} median {s['median']:.3f} [{s['median_ci95'][0]:.3f}, {s['median_ci95'][1]:.3f}]  "
-              f"p99 {s['p99']:.3f}  min {s['min']:.3f}  max {s['max']:.3f}")
+        faster = f"  faster in {s['faster_runs']}/{s['n']}" if "faster_runs" in s else ""
+        print(f"{k:21} median {s['median']:.3f} [{s['median_ci95'][0]:.3f}, {s['median_ci95'][1]:.3f}]  "
+              f"p99 {s['p99']:.3f}  min {s['min']:.3f}  max {s['max']:.3f}{faster}")
     print(f"target: < {TARGET_S} s; results in {path}")
     return 0
 

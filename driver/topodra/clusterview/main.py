@@ -4,6 +4,9 @@ Lists ResourceSlices, ResourceClaims, DeviceClasses, DeviceTaintRules, Nodes and
 with any kubeconfig that may list them, and prints a table per node and a cluster summary
 (``-o json|yaml`` for machines, ``--png FILE`` for people, ``--watch`` to follow), or serves
 the numbers as Prometheus gauges (``--serve HOST:PORT``). It never writes to the cluster.
+
+Imports that cost (the API client, the placement modules behind the view, yaml) sit inside the
+functions that use them: ``--png`` forks its matplotlib worker first, so the two import side by side.
 """
 
 from __future__ import annotations
@@ -15,16 +18,13 @@ import signal
 import sys
 import threading
 import time
-from typing import TextIO
-
-import yaml
+from typing import TYPE_CHECKING, TextIO
 
 from topodra import DEFAULT_DRIVER_NAME
-from topodra.clusterview.fetch import fetch
-from topodra.clusterview.model import DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, ClusterView, build_view
-from topodra.clusterview.table import render_table
-from topodra.kube import Kube, KubeError
-from topodra.placement.score import DEFAULT_PRIOR, parse_prior
+from topodra.clusterview.model import DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, ClusterView
+
+if TYPE_CHECKING:
+    from topodra.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,18 @@ class Inventory:
     """One kubeconfig, driver and mix: ``load()`` reads the cluster and builds the view."""
 
     def __init__(self, kube: Kube, args: argparse.Namespace) -> None:
+        from topodra.placement.score import parse_prior
+
         self.kube = kube
         self.driver = str(args.driver)
         self.selector = args.selector
-        self.prior = parse_prior(args.prior) if args.prior else DEFAULT_PRIOR
+        self.prior = parse_prior(args.prior) if args.prior else None  # None: the scorer's
         self.prior_weight = float(args.prior_weight)
 
     def load(self) -> ClusterView:
+        from topodra.clusterview.fetch import fetch
+        from topodra.clusterview.model import build_view
+
         src = fetch(self.kube, self.driver, self.selector)
         nodes = [str(n["metadata"]["name"]) for n in src.nodes] if self.selector else None
         return build_view(src, self.driver, prior=self.prior, prior_weight=self.prior_weight,
@@ -76,9 +81,13 @@ class Inventory:
 
 
 def emit(view: ClusterView, output: str, out: TextIO) -> None:
+    from topodra.clusterview.table import render_table
+
     if output == "json":
         out.write(json.dumps(view.to_dict(), indent=2) + "\n")
     elif output == "yaml":
+        import yaml
+
         out.write(yaml.safe_dump(view.to_dict(), sort_keys=False))
     else:
         out.write(render_table(view))
@@ -146,18 +155,32 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--interval must be > 0")
         if args.serve:
             parse_listen(args.serve)
-        kube = Kube.from_kubeconfig(args.kubeconfig)
-        inv = Inventory(kube, args)
-    except (ValueError, KubeError, OSError) as e:
+    except ValueError as e:
         log.error("%s", e)
         return 2
     stop = threading.Event()
     if args.serve or args.watch:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+    # Forked before the API client and the placement modules are imported (and before any thread exists).
+    png = PngWriter() if args.png and not args.serve else None
+    try:
+        return _run(args, stop, png)
+    finally:
+        if png is not None:
+            png.close()
+
+
+def _run(args: argparse.Namespace, stop: threading.Event, png: PngWriter | None) -> int:
+    from topodra.kube import Kube, KubeError
+
+    try:
+        inv = Inventory(Kube.from_kubeconfig(args.kubeconfig), args)
+    except (ValueError, KubeError, OSError) as e:
+        log.error("%s", e)
+        return 2
     if args.serve:
         return serve(inv, args.serve, args.interval, stop)
-    png = PngWriter() if args.png else None
     try:
         if not args.watch:
             once(inv, args, sys.stdout, png)
@@ -175,6 +198,3 @@ def run(args: argparse.Namespace) -> int:
     except (KubeError, RuntimeError, OSError) as e:
         log.error("%s", e)
         return 1
-    finally:
-        if png is not None:
-            png.close()

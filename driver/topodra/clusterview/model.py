@@ -24,8 +24,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from topodra import DEFAULT_DRIVER_NAME
-from topodra.placement.model import ClusterState, qualified_attributes
-from topodra.placement.score import DEFAULT_PRIOR, Scorer, make_mix
+
+# The placement modules (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``: the
+# ``--png`` worker and the renderers need only the dataclasses here, and a fork that happens before the
+# placement imports leaves them to the process that builds the view.
 
 Obj = dict[str, Any]
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -358,12 +360,16 @@ def _pairs_by_rail(gpus: Iterable[Cell], nics: Iterable[Cell]) -> int:
 
 
 def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
-               prior: Mapping[int, float] = DEFAULT_PRIOR, prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+               prior: Mapping[int, float] | None = None, prior_weight: float = DEFAULT_PRIOR_WEIGHT,
                window: int = DEFAULT_WINDOW, nodes: Iterable[str] | None = None) -> ClusterView:
     """The whole inventory. ``nodes`` limits the per-node part and the per-model sums to those nodes.
 
+    ``prior`` is the request mix prior of the fragmentation measure (None: the placement scorer's).
     Nodes without a Node object (slices only) are shown and treated as schedulable.
     """
+    from topodra.placement.model import ClusterState, qualified_attributes
+    from topodra.placement.score import DEFAULT_PRIOR, Scorer, make_mix
+
     wanted = set(nodes) if nodes is not None else None
     node_objs = {str((n.get("metadata") or {}).get("name", "")): n for n in src.nodes}
     slices = _newest_slices(src.slices, driver)
@@ -376,7 +382,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     state.replace("slices", slices)
     state.replace("claims", src.claims)
     known = frozenset(k for k, m in state.classes.items() if m is not None)
-    mix = make_mix(prior, prior_weight, state.observed_mix(), driver, known)
+    mix = make_mix(DEFAULT_PRIOR if prior is None else prior, prior_weight, state.observed_mix(), driver, known)
     scorer = Scorer()
 
     by_node: dict[str, list[Obj]] = defaultdict(list)

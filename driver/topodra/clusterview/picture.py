@@ -234,10 +234,11 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
                borderaxespad=0.0)
 
     width_px, height_px = (round(v) for v in fig.get_size_inches() * dpi)
-    pixels = {}
-    for key, (cx, cy) in centres.items():
-        px, py = ax.transData.transform((cx, cy))
-        pixels[key] = (float(px), float(height_px - py))
+    # One transform of all centres: a call per cell costs ~40 us, 35 ms for enterprise-400's 860 devices.
+    pixels: dict[tuple[str, str], tuple[float, float]] = {}
+    if centres:
+        points = ax.transData.transform(list(centres.values()))
+        pixels = {key: (float(px), float(height_px - py)) for key, (px, py) in zip(centres, points, strict=True)}
     fig.savefig(str(path), dpi=dpi, format="png")
     return Picture(path=str(path), width=int(width_px), height=int(height_px), cells=pixels,
                    colours={**{"free": FREE_COLOUR, "tainted": TAINTED_COLOUR}, **ns_colours})
