@@ -23,8 +23,10 @@ once); 32 concurrent callers on 32 admin-access claims of 1 and of 8 GPUs (admin
 the only way to have 32 claims allocated on the same 8 GPUs; the plugin does the same work for
 them). The plugin's RSS (VmRSS, VmHWM) is sampled idle, during and after the runs.
 
-It takes ``/tmp/topodra-test-cluster.lock`` (the pytest fixtures hold the same lock) because
-the cluster uses fixed ports, and always tears the cluster down.
+The cluster is a private instance (``localcluster.Cluster.private``: own state directory, free
+ports), so a run never waits for the test sessions' fixed-port cluster; runs of this benchmark
+queue behind each other on the instance's own lock (two at once on 2 cores would measure each
+other). It always tears the cluster down.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ from topodra.apipaths import claim_path, slices_path  # noqa: E402
 from topodra.cdi import spec_path  # noqa: E402
 from topodra.kube import Kube, KubeError  # noqa: E402
 
-LOCK_FILE = localcluster.CLUSTER_LOCK_FILE
+INSTANCE = "bench-prepare"
+LOCK_FILE = localcluster.instance_lock_file(INSTANCE)
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "fake-bench-0"
 HARDWARE = "mock:dgx-h100"
@@ -421,7 +424,7 @@ cluster_lock = localcluster.cluster_lock  # one implementation, shared with the 
 @contextlib.contextmanager
 def lock_held_by_caller() -> Iterator[None]:
     """For ``--lock-held``: the caller (e.g. ``flock LOCK_FILE sh -c '...'`` around several runs) holds
-    the lock; refuse to run when nobody does, since the cluster's fixed ports would then be shared."""
+    the lock; refuse to run when nobody does, since two runs would then share the CPUs unknowingly."""
     fd = os.open(LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
@@ -1033,16 +1036,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     failed = True
     try:
-        with lock_held_by_caller() if args.lock_held else cluster_lock(args.lock_timeout):
+        with lock_held_by_caller() if args.lock_held else cluster_lock(args.lock_timeout, LOCK_FILE):
             signal.alarm(args.timeout)
             started = time.time()
             kind = "prepare" if args.compare_with is None else "prepare-compare"
             out: Path = args.out or REPO / "bench/results" / time.strftime(f"{kind}-%Y%m%dT%H%M%SZ.json",
                                                                            time.gmtime(started))
             workdir = Path(tempfile.mkdtemp(prefix="topodra-bench-"))
-            state = Path(tempfile.mkdtemp(prefix="topodra-bench-cluster-"))
-            state.rmdir()  # the harness creates (and later removes) its own directory
-            lc = localcluster.Cluster(state_dir=state)
+            lc = localcluster.Cluster.private(INSTANCE)
             try:
                 log("starting the control plane (etcd, apiserver, controller-manager, scheduler)")
                 lc.up(node=False, build=True)
