@@ -32,11 +32,7 @@ Sync = Literal["none", "data", "durable"]
 TMP_MARKER = ".tmp-"
 
 
-def temp_path_for(path: Path) -> Path:
-    return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}")
-
-
-def fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -46,7 +42,10 @@ def fsync_dir(directory: Path) -> None:
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: Sync = "durable") -> None:
     """Replace ``path`` with ``data`` atomically; on error the old file is untouched."""
-    tmp = temp_path_for(path)
+    # Plain strings for the syscalls: a Path is converted again for each one, on every prepare.
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    tmp = os.path.join(directory, f".{name}{TMP_MARKER}{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         try:
@@ -59,13 +58,13 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: Sync = "du
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     if sync == "durable":
-        fsync_dir(path.parent)
+        fsync_dir(directory or ".")
 
 
 def remove(path: Path) -> bool:
