@@ -7,6 +7,7 @@ numbers are written down by hand from the scenario, never taken from the code un
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import re
@@ -19,7 +20,7 @@ from placement_views import claim, device_classes, gpus, node_slices
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.clusterview.exporter import METRICS, InventoryCollector, families
-from topodra.clusterview.main import parse_listen
+from topodra.clusterview.main import emit, parse_listen
 from topodra.clusterview.model import (
     NO_POD,
     NOT_TRIED,
@@ -193,6 +194,9 @@ def test_table_and_json_carry_the_same_numbers() -> None:
     assert data["summary"] == {**data["summary"], "total": 24, "free": 19, "allocated": 3, "tainted": 2}
     assert [n["gpus_free"] for n in data["nodes"]] == [4, 7, 8]
     assert yaml.safe_load(yaml.safe_dump(view.to_dict())) == data
+    out = io.StringIO()
+    emit(view, "yaml", out)  # libyaml's emitter when present: the very text of the pure-Python one
+    assert out.getvalue() == yaml.safe_dump(view.to_dict(), sort_keys=False)
 
 
 # --------------------------------------------------------------------------- the picture
