@@ -9,8 +9,8 @@ then ``--pods`` pods, each with one claim allocated by the real kube-scheduler: 
 16-GPU claim that fits nowhere (a pending claim with the scheduler's reason).
 
 Timed: each run is a fresh ``python -m topodra.cli inventory`` process (interpreter start, imports, six
-lists, the view, the output), for the table, ``-o json`` and ``--png FILE``. In-process, the same run's
-phases: listing (``fetch``) and building the view (``build_view``). Statistics: median with its
+lists, the view, the output), for the table, ``-o json``, ``-o yaml`` and ``--png FILE``. In-process, the
+same run's phases: listing (``fetch``) and building the view (``build_view``). Statistics: median with its
 distribution-free 95% interval, p99 (nearest rank: the maximum below 100 runs), min, max. Results go to
 ``bench/results/inventory-<UTC time>.json``, with the 1-minute load average before each run.
 
@@ -127,7 +127,8 @@ def measure(kubeconfig: Path, runs: int, pods: int, save_png: Path | None,
     gpus = populate(kube, kubeconfig, pods)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        variants: dict[str, list[str]] = {"table": [], "json": ["-o", "json"], "png": ["--png", f"{tmp}/inv.png"]}
+        variants: dict[str, list[str]] = {"table": [], "json": ["-o", "json"], "yaml": ["-o", "yaml"],
+                                          "png": ["--png", f"{tmp}/inv.png"]}
         envs: dict[str, dict[str, str] | None] = dict.fromkeys(variants)
         if baseline is not None:  # the same runs with another checkout's driver/, under the same load
             for name, extra in list(variants.items()):
@@ -193,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     result["loadavg_1m"] = {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}
     path = args.json or REPO / "bench" / "results" / f"inventory-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    for k in ("table_wall_s", "json_wall_s", "png_wall_s", "table_baseline_wall_s", "json_baseline_wall_s",
-              "png_baseline_wall_s", "table_paired_diff_s", "json_paired_diff_s", "png_paired_diff_s", "fetch_s",
-              "build_view_s"):
+    variants = ("table", "json", "yaml", "png")
+    for k in (*(f"{v}_wall_s" for v in variants), *(f"{v}_baseline_wall_s" for v in variants),
+              *(f"{v}_paired_diff_s" for v in variants), "fetch_s", "build_view_s"):
         if k not in result:
             continue
         s = result[k]
