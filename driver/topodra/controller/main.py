@@ -74,21 +74,13 @@ def install_stop_handlers(handler: Callable[[int, object], None]) -> None:
             signal.signal(sig, handler)
 
 
-def run(args: argparse.Namespace) -> int:
-    import kopf
+def block_stop_signals(block: bool) -> None:
+    """Hold (or deliver) SIGTERM/SIGINT in this thread, e.g. while no handler of ours is installed."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK if block else signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
-    ensure_login_name()
-    if args.refresh_interval < 1:
-        log.error("--refresh-interval must be at least 1 second")
-        return 2
-    cfg = ControllerConfig(driver=args.driver_name, nic_class=args.nic_class,
-                           namespaces=tuple(args.namespace), refresh_interval_s=args.refresh_interval,
-                           snapshot_ttl_s=min(10.0, args.refresh_interval))
-    try:
-        kube = Kube.from_kubeconfig(args.kubeconfig)
-    except Exception as e:  # kubeconfig missing/invalid: say so, start nothing
-        log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "$KUBECONFIG/in-cluster", e)
-        return 2
+
+def run(args: argparse.Namespace) -> int:
     stop = threading.Event()  # stops the refresh thread
     lost = threading.Event()
     # kopf's stop flag must be an asyncio primitive: a threading.Event would park a thread of the
@@ -115,6 +107,20 @@ def run(args: argparse.Namespace) -> int:
         stop_all()
 
     install_stop_handlers(on_signal)
+    import kopf
+
+    ensure_login_name()
+    if args.refresh_interval < 1:
+        log.error("--refresh-interval must be at least 1 second")
+        return 2
+    cfg = ControllerConfig(driver=args.driver_name, nic_class=args.nic_class,
+                           namespaces=tuple(args.namespace), refresh_interval_s=args.refresh_interval,
+                           snapshot_ttl_s=min(10.0, args.refresh_interval))
+    try:
+        kube = Kube.from_kubeconfig(args.kubeconfig)
+    except Exception as e:  # kubeconfig missing/invalid: say so, start nothing
+        log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "$KUBECONFIG/in-cluster", e)
+        return 2
     elector: LeaderElector | None = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -148,13 +154,16 @@ def run(args: argparse.Namespace) -> int:
             flag.set()
         await kopf.operator(registry=registry, settings=kopf_settings(), standalone=True,
                             clusterwide=not cfg.namespaces, namespaces=list(cfg.namespaces), stop_flag=flag)
+        # Closing the loop resets kopf's handlers to the default (exit on -15): hold signals until ours are back.
+        block_stop_signals(True)
 
     try:
         asyncio.run(serve())
     except asyncio.CancelledError:
         pass
     finally:
-        install_stop_handlers(on_signal)  # closing the loop reset them to the default (exit on -15)
+        install_stop_handlers(on_signal)
+        block_stop_signals(False)
         stop.set()
         loop.join()
         if elector is not None and not lost.is_set():
