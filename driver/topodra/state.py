@@ -11,7 +11,7 @@ network.  The rules (see docs/prepare.md):
   so two plugin processes (rolling upgrade) never interleave, and re-reads the
   checkpoint from disk under it (the peer may have changed it).
 * Prepare writes the CDI specs of one call (not fsynced), then the checkpoint
-  with the claims ``PrepareCompleted`` (one durable write per call, however many
+  with the claims ``PrepareCompleted`` (one fsynced write per call, however many
   claims).  A crash before that write leaves only *orphan specs* (a spec with
   no checkpoint entry), which the kubelet never saw an answer for; recovery and
   the periodic ``cleanup`` delete them, and the kubelet's retry writes them again.
@@ -83,7 +83,7 @@ CRASH_POINTS = frozenset({
     "after-mig-created",             # MIG instances of the batch created, no CDI spec or checkpoint yet
     "prepare-mid-cdi",               # after the first new CDI spec of the batch, before the others
     "after-cdi-written",             # every new spec written, checkpoint not yet
-    "after-checkpoint-written",      # checkpoint durable, answer not yet sent
+    "after-checkpoint-written",      # checkpoint written, answer not yet sent
     "after-unprepare-cdi-removed",   # first spec of the batch removed, checkpoint not yet
     "after-unprepare-checkpoint-written",  # checkpoint durable, answer not yet sent
 })
@@ -627,7 +627,7 @@ class DeviceState:
             with_mps.append((ref, entry, spec))
         fresh = with_mps
 
-        # Specs first (not fsynced), then one durable checkpoint write with the claims completed.
+        # Specs first (not fsynced), then one checkpoint write (data fsynced) with the claims completed.
         # A crash in between leaves only orphan specs of claims the kubelet got no answer for.
         self._maybe_crash("prepare-before-write")
         completed = data
