@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -630,6 +631,18 @@ def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
     return "\n".join(lines)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so ``run_matrix``'s ``finally`` takes the private cluster down.
+
+    The default action killed the process outright and left etcd, the apiserver, the scheduler
+    and the scorer running. For the command-line entry points only (not when imported by tests).
+    """
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -830,4 +843,5 @@ def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunR
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())
