@@ -119,6 +119,11 @@ class ClaimEntry(BaseModel):
     def ref(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
 
+    @property
+    def mig_instances(self) -> list[MigInstance]:
+        """The MIG instances prepare created for this claim's devices (what unprepare destroys)."""
+        return [d.mig for d in self.devices if d.mig is not None]
+
 
 class CheckpointData(BaseModel):
     """The checksummed payload."""

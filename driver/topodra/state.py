@@ -373,6 +373,11 @@ class DeviceState:
         except (KeyError, ValueError, MigError) as e:
             raise ClaimError(f"device {dev.name}: {e}") from e
 
+    def _refuse(self, results: dict[str, PrepareResult], ref: ClaimRef, error: Exception, answer: str) -> None:
+        """One claim of the batch fails (the others go on): log why, answer the kubelet with ``answer``."""
+        log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, error)
+        results[ref.uid] = PrepareResult([], answer)
+
     def _destroy_mig(self, instances: Sequence[MigInstance]) -> None:
         for inst in instances:
             if self.mig is None:
@@ -406,7 +411,7 @@ class DeviceState:
                                                             for d in entry.devices]})  # fmt: skip
             try:
                 fresh = self._create_mig(stripped, devices)
-                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None and d.mig.key in present])
+                self._destroy_mig([m for m in entry.mig_instances if m.key in present])
             except (ClaimError, KeyError) as e:
                 log.error("node %s: claim %s: its MIG instance is gone and cannot be re-created: %s",
                           self.node_name, entry.ref, e)
@@ -561,8 +566,7 @@ class DeviceState:
                     nvidia_ids = self._nvidia_ids()
                 entry, spec = self._plan(c, working, devices, nvidia_ids)
             except (ClaimError, cdi.CDISpecInvalid) as e:
-                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, c.ref, e)
-                results[c.ref.uid] = PrepareResult([], str(e))
+                self._refuse(results, c.ref, e, str(e))
                 continue
             working = working.with_claim(entry)
             fresh.append((c.ref, entry, spec))
@@ -581,9 +585,8 @@ class DeviceState:
                         entry = self._create_mig(entry, devices)
                         spec = self._spec_for(entry, devices)
                 except (ClaimError, cdi.CDISpecInvalid) as e:
-                    self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])  # created, unusable
-                    log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
-                    results[ref.uid] = PrepareResult([], str(e))
+                    self._destroy_mig(entry.mig_instances)  # created, unusable
+                    self._refuse(results, ref, e, str(e))
                     continue
                 with_mig.append((ref, entry, spec))
             fresh = with_mig
@@ -601,9 +604,8 @@ class DeviceState:
             except TimeSliceError as e:
                 with contextlib.suppress(TimeSliceError):
                     self._apply_timeslices(applied, devices, gpus)
-                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
-                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
-                results[ref.uid] = PrepareResult([], f"claim {ref}: {e}")
+                self._destroy_mig(entry.mig_instances)
+                self._refuse(results, ref, e, f"claim {ref}: {e}")
                 continue
             applied = applied.with_claim(entry)
             with_levels.append((ref, entry, spec))
@@ -620,9 +622,8 @@ class DeviceState:
             except MpsError as e:
                 self._settle_levels(applied.without_claims({entry.uid}), devices, [entry])
                 applied = applied.without_claims({entry.uid})
-                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
-                log.warning("node %s: cannot prepare claim %s: %s", self.node_name, ref, e)
-                results[ref.uid] = PrepareResult([], f"claim {ref}: {e}")
+                self._destroy_mig(entry.mig_instances)
+                self._refuse(results, ref, e, f"claim {ref}: {e}")
                 continue
             with_mps.append((ref, entry, spec))
         fresh = with_mps
@@ -640,7 +641,7 @@ class DeviceState:
             except OSError as e:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
-                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
+                self._destroy_mig(entry.mig_instances)
                 self._stop_mps([entry])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write CDI spec: {e}")
                 continue
@@ -660,7 +661,7 @@ class DeviceState:
             for ref, entry in written:
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
-                self._destroy_mig([d.mig for d in entry.devices if d.mig is not None])
+                self._destroy_mig(entry.mig_instances)
                 self._stop_mps([entry])
                 results[ref.uid] = PrepareResult([], f"claim {ref}: cannot write checkpoint: {e}")
             self._settle_levels(data, devices, [e for _r, e in written])
@@ -743,7 +744,7 @@ class DeviceState:
                 log.info("node %s: claim %s not prepared here (or already unprepared); nothing to do",
                          self.node_name, c)
                 continue
-            migs = [d.mig for d in entry.devices if d.mig is not None]
+            migs = entry.mig_instances
             if migs and self.mig is None:
                 results[c.uid] = f"claim {c}: has MIG instances, but this plugin has no NVML access to destroy them"
                 continue
