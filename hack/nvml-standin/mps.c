@@ -1,0 +1,246 @@
+/* Stand-ins for nvidia-cuda-mps-control and nvidia-cuda-mps-server (one program; argv[0] picks the role).
+ *
+ * What topodra and NVIDIA's drivers rely on, per the MPS guide: "-d" starts a daemon that detaches, closes
+ * the stdio it inherited and writes nvidia-cuda-mps-control.pid into CUDA_MPS_PIPE_DIRECTORY; without "-d"
+ * the program is a client that sends each stdin line (get_server_list, start_server -uid N,
+ * set_default_active_thread_percentage N, set_default_device_pinned_mem_limit DEV VALUE, their get_ forms,
+ * quit) to the daemon through the pipe directory and prints the answers.  The daemon and each server keep a
+ * file in /dev/shm, which is how tests see that clients and daemon share one /dev/shm.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char pipe_dir[PATH_MAX], log_dir[PATH_MAX], pid_file[PATH_MAX], control[PATH_MAX], shm_file[PATH_MAX];
+static FILE *logf_;
+
+static const char *env_or(const char *name, const char *dflt) {
+    const char *v = getenv(name);
+    return v && *v ? v : dflt;
+}
+
+static void logline(const char *fmt, ...) {
+    if (!logf_) return;
+    time_t now = time(NULL);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", localtime(&now));
+    fprintf(logf_, "[%s.000 Control %d] ", ts, (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(logf_, fmt, ap);
+    va_end(ap);
+    fputc('\n', logf_);
+    fflush(logf_);
+}
+
+/* ---- server */
+
+static volatile sig_atomic_t stop;
+static void on_term(int sig) { (void)sig; stop = 1; }
+
+static int server(void) {
+    snprintf(shm_file, sizeof shm_file, "/dev/shm/cuda.shm.standin.%d", (int)getpid());
+    int fd = open(shm_file, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) { fprintf(stderr, "nvidia-cuda-mps-server: cannot create %s: %s\n", shm_file, strerror(errno)); return 1; }
+    close(fd);
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    while (!stop) pause();
+    unlink(shm_file);
+    return 0;
+}
+
+/* ---- daemon */
+
+#define MAX_SERVERS 16
+static pid_t servers[MAX_SERVERS];
+static int nservers;
+static char thread_pct[32] = "100.0";
+static char mem_limits[64][32];
+
+static void reap(void) {
+    int st;
+    pid_t p;
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0)
+        for (int i = 0; i < nservers; i++)
+            if (servers[i] == p) { servers[i] = servers[--nservers]; break; }
+}
+
+static void start_server(FILE *out, const char *self_dir) {
+    if (nservers >= MAX_SERVERS) { fprintf(out, "Too many servers\n"); return; }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/nvidia-cuda-mps-server", self_dir);
+    pid_t p = fork();
+    if (p == 0) {
+        execl(path, "nvidia-cuda-mps-server", (char *)NULL);
+        _exit(127);
+    }
+    if (p < 0) { fprintf(out, "Cannot start server: %s\n", strerror(errno)); return; }
+    servers[nservers++] = p;
+    logline("Starting new server %d", (int)p);
+    fprintf(out, "%d\n", (int)p);
+}
+
+static void cleanup(void) {
+    for (int i = 0; i < nservers; i++) kill(servers[i], SIGTERM);
+    for (int i = 0; i < nservers; i++) waitpid(servers[i], NULL, 0);
+    nservers = 0;
+    unlink(pid_file);
+    unlink(control);
+    unlink(shm_file);
+}
+
+/* One command; returns 1 after quit. */
+static int handle(char *cmd, FILE *out, const char *self_dir) {
+    char *argv[8];
+    int argc = 0;
+    for (char *t = strtok(cmd, " \t\r\n"); t && argc < 8; t = strtok(NULL, " \t\r\n")) argv[argc++] = t;
+    if (!argc) return 0;
+    reap();
+    if (!strcmp(argv[0], "get_server_list")) {
+        for (int i = 0; i < nservers; i++) fprintf(out, "%d\n", (int)servers[i]);
+    } else if (!strcmp(argv[0], "start_server") && argc == 3 && !strcmp(argv[1], "-uid")) {
+        start_server(out, self_dir);
+    } else if (!strcmp(argv[0], "set_default_active_thread_percentage") && argc == 2) {
+        snprintf(thread_pct, sizeof thread_pct, "%.1f", atof(argv[1]));
+        fprintf(out, "%s\n", thread_pct);
+    } else if (!strcmp(argv[0], "get_default_active_thread_percentage") && argc == 1) {
+        fprintf(out, "%s\n", thread_pct);
+    } else if (!strcmp(argv[0], "set_default_device_pinned_mem_limit") && argc == 3) {
+        int dev = atoi(argv[1]);
+        if (dev < 0 || dev >= 64) fprintf(out, "Invalid device %s\n", argv[1]);
+        else snprintf(mem_limits[dev], sizeof mem_limits[dev], "%s", argv[2]);
+    } else if (!strcmp(argv[0], "get_default_device_pinned_mem_limit") && argc == 2) {
+        int dev = atoi(argv[1]);
+        fprintf(out, "%s\n", dev >= 0 && dev < 64 && mem_limits[dev][0] ? mem_limits[dev] : "0");
+    } else if (!strcmp(argv[0], "quit")) {
+        logline("CMD: quit");
+        return 1;
+    } else {
+        fprintf(out, "Unrecognized command %s\n", argv[0]);
+    }
+    return 0;
+}
+
+static int daemon_main(const char *self_dir) {
+    FILE *pf = fopen(pid_file, "r");
+    if (pf) {
+        int old = 0;
+        if (fscanf(pf, "%d", &old) == 1 && old > 0 && kill(old, 0) == 0) {
+            fclose(pf);
+            fprintf(stderr, "An instance of this daemon is already running\n");
+            return 1;
+        }
+        fclose(pf);
+    }
+    if (mkdir(pipe_dir, 0755) != 0 && errno != EEXIST) { perror(pipe_dir); return 1; }
+    if (mkdir(log_dir, 0755) != 0 && errno != EEXIST) { perror(log_dir); return 1; }
+    int ready[2];
+    if (pipe(ready) != 0) { perror("pipe"); return 1; }
+    pid_t child = fork();
+    if (child < 0) { perror("fork"); return 1; }
+    if (child > 0) { /* the foreground process returns once the daemon is ready */
+        close(ready[1]);
+        char ok = 0;
+        ssize_t n = read(ready[0], &ok, 1);
+        return n == 1 && ok == 'y' ? 0 : 1;
+    }
+    close(ready[0]);
+    setsid();
+    if (fork() > 0) _exit(0);
+    /* Detach from whatever stdio the caller gave us, so a caller capturing our output sees EOF. */
+    int nul = open("/dev/null", O_RDWR);
+    dup2(nul, 0); dup2(nul, 1); dup2(nul, 2);
+    if (nul > 2) close(nul);
+    char logpath[PATH_MAX + 16];
+    snprintf(logpath, sizeof logpath, "%s/control.log", log_dir);
+    logf_ = fopen(logpath, "a");
+    unlink(control);
+    if (mkfifo(control, 0600) != 0) { logline("cannot create %s: %s", control, strerror(errno)); return 1; }
+    int fd = open(control, O_RDWR | O_CLOEXEC); /* a reader always, and never EOF */
+    snprintf(shm_file, sizeof shm_file, "/dev/shm/cuda.shm.standin.control.%d", (int)getpid());
+    int shm = open(shm_file, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    FILE *pidf = fopen(pid_file, "w");
+    if (fd < 0 || shm < 0 || !pidf) { logline("startup failed: %s", strerror(errno)); return 1; }
+    close(shm);
+    fprintf(pidf, "%d\n", (int)getpid());
+    fclose(pidf);
+    logline("Starting control daemon, pipe directory %s", pipe_dir);
+    ssize_t w = write(ready[1], "y", 1);
+    (void)w;
+    close(ready[1]);
+    signal(SIGTERM, on_term);
+    FILE *in = fdopen(fd, "r");
+    char line[512];
+    while (!stop && fgets(line, sizeof line, in)) {
+        char *space = strchr(line, ' ');
+        if (!space) continue;
+        *space = 0;
+        FILE *out = fopen(line, "w");
+        if (!out) continue;
+        logline("CMD: %s", space + 1);
+        int quit = handle(space + 1, out, self_dir);
+        fclose(out);
+        if (quit) break;
+    }
+    cleanup();
+    logline("Exit");
+    return 0;
+}
+
+/* ---- client */
+
+static int client(void) {
+    char line[400];
+    int n = 0, rc = 0;
+    while (fgets(line, sizeof line, stdin)) {
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        int fd = open(control, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) { fprintf(stderr, "Cannot find MPS control daemon process\n"); return 1; }
+        char reply[PATH_MAX];
+        snprintf(reply, sizeof reply, "%s/reply.%d.%d", pipe_dir, (int)getpid(), n++);
+        unlink(reply);
+        if (mkfifo(reply, 0600) != 0) { perror(reply); close(fd); return 1; }
+        char msg[PATH_MAX + 400];
+        int len = snprintf(msg, sizeof msg, "%s %s%s", reply, line, strchr(line, '\n') ? "" : "\n");
+        if (write(fd, msg, (size_t)len) != len) { perror("write"); rc = 1; }
+        close(fd);
+        FILE *in = fopen(reply, "r");
+        char buf[256];
+        while (in && fgets(buf, sizeof buf, in)) fputs(buf, stdout);
+        if (in) fclose(in);
+        unlink(reply);
+        if (!strncmp(line, "quit", 4)) break;
+    }
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *self_dir = dirname(self);
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (!strcmp(base, "nvidia-cuda-mps-server")) return server();
+    snprintf(pipe_dir, sizeof pipe_dir, "%s", env_or("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"));
+    snprintf(log_dir, sizeof log_dir, "%s", env_or("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"));
+    snprintf(pid_file, sizeof pid_file, "%s/nvidia-cuda-mps-control.pid", pipe_dir);
+    snprintf(control, sizeof control, "%s/control", pipe_dir);
+    if (argc == 2 && !strcmp(argv[1], "-d")) return daemon_main(self_dir);
+    if (argc == 1) return client();
+    fprintf(stderr, "nvidia-cuda-mps-control (topodra stand-in): unsupported arguments; use -d or commands on stdin\n");
+    return 2;
+}
