@@ -277,7 +277,8 @@ def test_real_nvml_without_driver_is_a_discovery_error() -> None:
         pynvml.nvmlShutdown()
         assert split(load_backend("nvml", "host").discover())[0]
         return
-    with pytest.raises(DiscoveryError, match="NVML initialisation failed"):
+    # The library is looked up under the driver root (/) before nvmlInit; either step names the failure.
+    with pytest.raises(DiscoveryError, match=r"NVML initialisation failed|libnvidia-ml\.so\.1 not found under"):
         load_backend("nvml", "host").discover()
 
 

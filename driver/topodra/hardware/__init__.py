@@ -2,7 +2,8 @@
 
 ``load_backend(spec, node_name)`` picks the hardware source:
 
-- ``"nvml"``: this host, via NVML (nvidia-ml-py) and sysfs (``sysfs_root``, default ``/``);
+- ``"nvml"``: this host, via NVML (nvidia-ml-py) and sysfs (``sysfs_root``, default ``/``); the NVML library
+  is loaded by absolute path from ``nvidia_driver_root`` (default ``/``; see ``hardware.nvmllib``);
 - ``"mock:<profile>"`` or ``"mock:/path/profile.yaml"``: a mock server model (profiles/*.yaml);
 - ``"replay:/path/fixture.yaml"``: NVML answers and sysfs captured from a machine.
 
@@ -13,7 +14,6 @@ discovery code runs, and their devices carry no ``/dev`` nodes (none exist here)
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from topodra.hardware.base import DiscoveryConfig, DiscoveryError
@@ -27,23 +27,32 @@ MOCK_ONLY_KEYS = ("hideGpus", "clusterUUID", "cliqueId", "faultsFile", "migState
 
 
 def load_backend(
-    spec: str, node_name: str, *, sysfs_root: str | None = None, overrides: dict[str, Any] | None = None
+    spec: str, node_name: str, *, sysfs_root: str | None = None, overrides: dict[str, Any] | None = None,
+    nvidia_driver_root: str | None = None,
 ) -> NvmlBackend:
     """Build the backend for ``spec`` on ``node_name``; ValueError on a bad spec or override.
 
     For mock and replay hardware, ``sysfs_root`` is where their tree is written
     (the caller's to change); without it, nodes with the same tree share one copy.
+    ``nvidia_driver_root`` applies to ``nvml`` only (DiscoveryError when its library is not there).
     """
     if not node_name:
         raise ValueError("node name must not be empty")
     ov = dict(overrides or {})
     mock_keys = {k: ov.pop(k) for k in MOCK_ONLY_KEYS if k in ov}
+    if spec != "nvml" and nvidia_driver_root is not None:
+        raise ValueError("an NVIDIA driver root applies to --hardware nvml only")
     if spec == "nvml":
         if mock_keys:
             raise ValueError(f"overrides {sorted(mock_keys)} apply to mock hardware only")
+        import pynvml
+
+        from topodra.hardware import nvmllib
+
+        nvmllib.load(nvidia_driver_root or "/", pynvml)
         return NvmlBackend(
             node_name,
-            nvml=importlib.import_module("pynvml"),
+            nvml=pynvml,
             sysfs=Sysfs(sysfs_root or "/"),
             config=DiscoveryConfig.model_validate(ov),
         )

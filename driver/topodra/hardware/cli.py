@@ -24,6 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname())
     parser.add_argument("--output", choices=("yaml", "json", "table"), default="table")
     parser.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read (default /)")
+    parser.add_argument("--nvidia-driver-root", default=None, metavar="DIR",
+                        help="--hardware nvml: load libnvidia-ml.so.1 from this driver root (default /)")
     parser.add_argument("--overrides", default=None, help="YAML/JSON file with discovery overrides")
     parser.add_argument("--capture", default=None, metavar="FILE", help="write a replay fixture of this host")
 
@@ -51,9 +53,11 @@ def table(devices: list[Device]) -> str:
 def _capture(args: argparse.Namespace) -> int:
     import pynvml
 
+    from topodra.hardware import nvmllib
     from topodra.hardware.nvml import normalize_bus_id
     from topodra.hardware.replay import ReplayFixture, capture_nvml, capture_sysfs, dump_fixture
 
+    nvmllib.load(args.nvidia_driver_root or "/", pynvml)
     facts = capture_nvml(pynvml)
     bdfs = [normalize_bus_id(g.pci.busId) for g in facts.gpus if not hasattr(g.pci, "error")]
     fx = ReplayFixture(
@@ -80,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
             if not isinstance(loaded, dict):
                 raise ValueError(f"{args.overrides}: overrides must be a mapping")
             overrides = loaded
-        backend = load_backend(args.hardware, args.node_name, sysfs_root=args.sysfs_root, overrides=overrides)
+        backend = load_backend(args.hardware, args.node_name, sysfs_root=args.sysfs_root, overrides=overrides,
+                               nvidia_driver_root=args.nvidia_driver_root)
         devices = backend.discover()
     except (DiscoveryError, ValueError, OSError) as e:
         print(f"topodra discover: {e}", file=sys.stderr)

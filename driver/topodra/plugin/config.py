@@ -67,6 +67,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("metrics_address", "IP address /metrics listens on (default 127.0.0.1: this host only; the pod IP or "
          "0.0.0.0 lets Prometheus scrape it)", "IP"),
     Flag("sysfs_root", "directory that contains the sys/ tree discovery reads (default /)", "DIR"),
+    Flag("nvidia_driver_root", "root of the NVIDIA driver files (/ on the host, /driver-root in the chart's pod): "
+         "--hardware nvml loads <root>/{usr/lib64,usr/lib/x86_64-linux-gnu,...}/libnvidia-ml.so.1 by absolute "
+         "path (default /)", "DIR"),
     Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
          "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
     Flag("claim_cleanup_interval", "seconds between passes that unprepare claims whose ResourceClaim was "
@@ -106,6 +109,7 @@ class PluginConfig(BaseModel):
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
     metrics_address: str = "127.0.0.1"
     sysfs_root: Path | None = None
+    nvidia_driver_root: Path = Path("/")
     rediscover_interval: float = Field(default=60.0, ge=0)
     claim_cleanup_interval: float = Field(default=300.0, ge=0)
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")

@@ -69,15 +69,16 @@ class Plugin:
 
     def backend(self) -> NvmlBackend:
         """The hardware backend for --hardware and the current --hardware-config."""
-        from topodra.hardware import load_backend
+        from topodra.hardware import DiscoveryError, load_backend
 
         cfg = self.cfg
         overrides = cfg.hardware_overrides()
         try:
             return load_backend(cfg.hardware, cfg.node_name,
                                 sysfs_root=str(cfg.sysfs_root) if cfg.sysfs_root else None,
-                                overrides=overrides)
-        except (ValueError, OSError) as e:
+                                overrides=overrides,
+                                nvidia_driver_root=str(cfg.nvidia_driver_root) if cfg.hardware == "nvml" else None)
+        except (ValueError, OSError, DiscoveryError) as e:
             raise ConfigError(f"--hardware {cfg.hardware} / --hardware-config: {e}") from e
 
     def discover(self) -> list[Device]:
