@@ -1,0 +1,331 @@
+"""The real pynvml binding against the C NVML stand-in, loaded from a driver tree by absolute path.
+
+These pin the NVML semantics that topodra's Python FakeNvml gets wrong (issue 19, docs/real-node.md): each
+assertion is what nvml.h documents, so a failure here means the stand-in or the loader is wrong, never
+that a fake should be changed to agree with topodra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from standin_rig import clean_env, driver_tree, lib_dir, run_py, write_faults
+
+from topodra.hardware.base import DiscoveryError
+from topodra.hardware.nvmllib import LIBRARY_DIRS, find_library
+
+
+@pytest.fixture(scope="module")
+def h100(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return driver_tree(tmp_path_factory.mktemp("h100"), "dgx-h100")
+
+
+def test_tree_layout_is_a_driver_root(h100: Path) -> None:
+    lib = lib_dir(h100)
+    assert os.readlink(lib / "libnvidia-ml.so.1") == "libnvidia-ml.so.580.126.20"
+    assert os.readlink(lib / "libcuda.so.1") == "libcuda.so.580.126.20"
+    for tool in ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+        assert os.access(h100 / "usr/bin" / tool, os.X_OK)
+    devices = (h100 / "proc/devices").read_text().splitlines()
+    assert "195 nvidia-frontend" in devices and "510 nvidia-uvm" in devices and "511 nvidia-caps" in devices
+    cfg = json.loads((lib / "nvml-standin.json").read_text())
+    assert len(cfg["gpus"]) == 8 and cfg["driverVersion"] == "580.126.20"
+    assert not (h100 / "dev/nvidia0").exists()  # --no-dev-nodes
+
+
+def test_driver_tree_refuses_bad_input_and_changes_nothing(tmp_path: Path) -> None:
+    import subprocess
+
+    from standin_rig import DRIVER_TREE
+
+    r = subprocess.run([str(DRIVER_TREE), "--profile", "no-such-profile", str(tmp_path / "t"), "--no-dev-nodes"],
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode != 0 and "unknown mock profile 'no-such-profile'" in r.stderr
+    assert not (tmp_path / "t").exists()
+    r = subprocess.run([str(DRIVER_TREE), str(tmp_path / "t")], capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_find_library_searches_the_driver_root_only(tmp_path: Path) -> None:
+    with pytest.raises(DiscoveryError) as e:
+        find_library(tmp_path)
+    for d in LIBRARY_DIRS:  # the message names every place looked
+        assert str(tmp_path / d / "libnvidia-ml.so.1") in str(e.value)
+    with pytest.raises(DiscoveryError, match="is not a directory"):
+        find_library(tmp_path / "missing")
+    real = tmp_path / "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.570.1"
+    real.parent.mkdir(parents=True)
+    real.write_bytes(b"")
+    (real.parent / "libnvidia-ml.so.1").symlink_to(real.name)
+    assert find_library(tmp_path) == real  # the soname link resolved to the versioned file
+
+
+def test_pynvml_binds_to_the_library_loaded_by_absolute_path(h100: Path) -> None:
+    got = run_py(h100, """
+        import os
+        maps = open("/proc/self/maps").read()
+        again = ctypes.CDLL("libnvidia-ml.so.1")  # pynvml's own lookup, by soname
+        pynvml.nvmlInit()
+        out({"lib": str(LIB), "mapped": str(LIB) in maps, "same": again._handle == pynvml.nvmlLib._handle,
+             "ld_path": os.environ.get("LD_LIBRARY_PATH"), "count": pynvml.nvmlDeviceGetCount(),
+             "driver": pynvml.nvmlSystemGetDriverVersion(), "cuda": pynvml.nvmlSystemGetCudaDriverVersion_v2()})
+    """)
+    assert got == {"lib": str(lib_dir(h100) / "libnvidia-ml.so.580.126.20"), "mapped": True, "same": True,
+                   "ld_path": None, "count": 8, "driver": "580.126.20", "cuda": 13000}  # fmt: skip
+
+
+def test_plain_soname_lookup_without_the_loader_fails(h100: Path) -> None:
+    """Without the absolute-path load the library is not found: nothing else (LD_LIBRARY_PATH) puts it there."""
+    import subprocess
+    import sys
+
+    code = "import pynvml\ntry:\n    pynvml.nvmlInit()\nexcept pynvml.NVMLError_LibraryNotFound:\n    print('absent')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), check=False)
+    assert r.stdout.strip() == "absent", r.stderr
+
+
+@pytest.mark.parametrize(("profile", "enum"), [("dgx-a100-80gb", 5), ("dgx-h100", 6), ("hgx-b200", 7)])
+def test_nvlink_version_is_the_nvml_enum(tmp_path: Path, profile: str, enum: int) -> None:
+    """nvmlDeviceGetNvLinkVersion answers nvmlNvlinkVersion_t: 3_1 = 5 (A100), 4_0 = 6 (H100), 5_0 = 7 (B200)."""
+    tree = driver_tree(tmp_path, profile)
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        out([pynvml.nvmlDeviceGetNvLinkVersion(h, 0), pynvml.NVML_NVLINK_VERSION_3_1, pynvml.NVML_NVLINK_VERSION_4_0,
+             pynvml.NVML_NVLINK_VERSION_5_0])
+    """)
+    assert got == [enum, 5, 6, 7]
+
+
+def test_mig_calls_are_not_supported_with_mig_off(h100: Path) -> None:
+    got = run_py(h100, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        out({"mode": pynvml.nvmlDeviceGetMigMode(h),
+             "profile": err(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, 0),
+             "gi": err(pynvml.nvmlDeviceGetGpuInstanceById, h, 0),
+             "mig": err(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0),
+             "max": pynvml.nvmlDeviceGetMaxMigDeviceCount(h)})
+    """)
+    assert got == {"mode": [0, 0], "profile": "NotSupported", "gi": "NotSupported", "mig": "NotSupported", "max": 0}
+
+
+def test_lost_gpu_fails_per_device_calls_and_event_waits_at_once(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "dgx-h100")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h0, h1 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+        es = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(h1, pynvml.nvmlEventTypeXidCriticalError, es)
+        with open(sys.argv[1] + "/usr/lib/x86_64-linux-gnu/nvml-standin-faults.json.tmp", "w") as f:
+            json.dump({"gpus": {"1": {"lost": True}}}, f)
+        import os
+        os.replace(f.name, f.name.removesuffix(".tmp"))
+        t0 = time.monotonic()
+        wait = err(pynvml.nvmlEventSetWait_v2, es, 5000)
+        elapsed = time.monotonic() - t0
+        out({"wait": wait, "fast": elapsed < 1.0, "count": pynvml.nvmlDeviceGetCount(),
+             "uuid": err(pynvml.nvmlDeviceGetUUID, h1), "by_index": err(pynvml.nvmlDeviceGetHandleByIndex, 1),
+             "pci": err(pynvml.nvmlDeviceGetPciInfo, h1), "other": err(pynvml.nvmlDeviceGetUUID, h0)})
+    """)
+    assert got == {"wait": "GpuIsLost", "fast": True, "count": 8, "uuid": "GpuIsLost", "by_index": "GpuIsLost",
+                   "pci": "GpuIsLost", "other": "ok"}  # fmt: skip
+
+
+def test_events_carry_gi_and_ci_ids_and_arrive_once(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "dgx-a100-80gb-mig")
+    write_faults(tree, {"events": [{"gpu": 0, "type": "xid", "data": 13}]})  # before the set: never delivered
+    got = run_py(tree, """
+        import os
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(2)
+        es = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(h, XID | DBE, es)
+        uuid = pynvml.nvmlDeviceGetUUID(h)
+        path = sys.argv[1] + "/usr/lib/x86_64-linux-gnu/nvml-standin-faults.json"
+        with open(path + ".tmp", "w") as f:
+            json.dump({"events": [{"gpu": 0, "type": "xid", "data": 13}, {"gpu": 0, "type": "xid", "data": 48},
+                                  {"gpu": uuid, "type": "xid", "data": 79},
+                                  {"gpu": 2, "type": "xid", "data": 94, "gpuInstanceId": 3, "computeInstanceId": 0},
+                                  {"gpu": 2, "type": "sbe"}, {"gpu": 2, "type": "dbe"}]}, f)
+        os.replace(path + ".tmp", path)
+        evs = []
+        for _ in range(3):
+            e = pynvml.nvmlEventSetWait_v2(es, 2000)
+            evs.append([pynvml.nvmlDeviceGetUUID(e.device) == uuid, e.eventType, e.eventData, e.gpuInstanceId,
+                        e.computeInstanceId])
+        out({"events": evs, "then": err(pynvml.nvmlEventSetWait_v2, es, 100)})
+    """)
+    whole = 0xFFFFFFFF
+    assert got == {"events": [[True, 8, 79, whole, whole], [True, 8, 94, 3, 0], [True, 2, 0, whole, whole]],
+                   "then": "Timeout"}  # fmt: skip
+
+
+def test_recovery_action_field_follows_the_faults_file(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "dgx-h100")
+    write_faults(tree, {"gpus": {"3": {"recoveryAction": 1}}})
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        fid = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        def action(i):
+            v = pynvml.nvmlDeviceGetFieldValues(pynvml.nvmlDeviceGetHandleByIndex(i), [fid, 999999])
+            return [fid, v[0].nvmlReturn, v[0].valueType, v[0].value.uiVal, v[1].nvmlReturn]
+        out({"lost": action(3), "fine": action(0)})
+    """)
+    assert got == {"lost": [230, 0, 1, 1, 3], "fine": [230, 0, 1, 0, 3]}
+
+
+def test_polled_faults_links_and_clock_reasons(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "dgx-h100")
+    write_faults(tree, {"gpus": {"0": {"nvlinksDown": [2], "clocksEventReasons": 0x40}}})
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        out([pynvml.nvmlDeviceGetNvLinkState(h, 1), pynvml.nvmlDeviceGetNvLinkState(h, 2),
+             pynvml.nvmlDeviceGetCurrentClocksEventReasons(h), err(pynvml.nvmlDeviceGetNvLinkState, h, 18)])
+    """)
+    assert got == [1, 0, 0x40, "InvalidArgument"]
+
+
+def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "dgx-a100-80gb-mig")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        r = {}
+        info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        r["profile"] = [info.id, info.name, info.sliceCount, info.memorySizeMB]
+        arr = (pynvml.c_nvmlGpuInstancePlacement_t * 16)()
+        n = ctypes.c_uint(16)
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(n))
+        r["placements"] = [[arr[i].start, arr[i].size] for i in range(n.value)]
+        def create(pid, start, size):
+            return pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, place(start, size))
+        gi = create(19, 3, 1)
+        r["gi_id"] = pynvml.nvmlGpuInstanceGetInfo(gi).id
+        r["overlap"] = err(create, 14, 2, 2)
+        r["bad_placement"] = err(create, 19, 3, 2)
+        r["bad_profile"] = err(create, 77, 0, 1)
+        big = create(9, 4, 4)  # 3g.40gb in the upper half
+        r["big_id"] = pynvml.nvmlGpuInstanceGetInfo(big).id
+        ci_info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+                                                                      pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        r["ci_profile"] = [ci_info.id, ci_info.sliceCount]
+        r["ci_by_index"] = err(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, CI_1)
+        ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+        c = pynvml.nvmlComputeInstanceGetInfo(ci)
+        r["ci"] = [c.id, c.profileId, pynvml.nvmlGpuInstanceGetInfo(c.gpuInstance).id]
+        r["ci_too_big"] = err(pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, CI_2, 0)
+        m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        r["mig"] = [pynvml.nvmlDeviceGetUUID(m).startswith("MIG-"), pynvml.nvmlDeviceGetGpuInstanceId(m),
+                    pynvml.nvmlDeviceGetComputeInstanceId(m), pynvml.nvmlDeviceGetMemoryInfo(m).total >> 20,
+                    pynvml.nvmlDeviceGetName(m), pynvml.nvmlDeviceGetMaxMigDeviceCount(h)]
+        r["second_mig"] = err(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 1)
+        r["in_use"] = err(pynvml.nvmlGpuInstanceDestroy, gi)
+        pynvml.nvmlComputeInstanceDestroy(ci)
+        pynvml.nvmlGpuInstanceDestroy(gi)
+        r["gone"] = err(pynvml.nvmlDeviceGetGpuInstanceById, h, 10)
+        r["kept"] = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, 2)).profileId
+        full = pynvml.nvmlDeviceGetHandleByIndex(1)
+        r["whole_gpu_gi"] = pynvml.nvmlGpuInstanceGetInfo(
+            pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(full, 0, place(0, 8))).id
+        out(r)
+    """)
+    assert got == {
+        "profile": [19, "MIG 1g.10gb", 1, 9728],
+        "placements": [[i, 1] for i in range(7)],
+        "gi_id": 10,  # fixed by placement: 1-slice instances at memory slices 0..6 are GI 7..13
+        "overlap": "InsufficientResources",
+        "bad_placement": "InvalidArgument",
+        "bad_profile": "InvalidArgument",
+        "big_id": 2,
+        "ci_profile": [0x20, 1],  # an id of its own, not NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE (0)
+        "ci_by_index": "InvalidArgument",
+        "ci": [0, 0x20, 10],
+        "ci_too_big": "NotSupported",
+        "mig": [True, 10, 0, 9728, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 7],
+        "second_mig": "NotFound",
+        "in_use": "InUse",
+        "gone": "NotFound",
+        "kept": 9,
+        "whole_gpu_gi": 0,
+    }
+
+
+def test_mig_instances_outlive_the_process_that_made_them(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "dgx-h100-mig")
+    made = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(5)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(6, 1))
+        out(pynvml.nvmlGpuInstanceGetInfo(gi).id)
+    """)
+    seen = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(5)
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(h, 13)
+        i = pynvml.nvmlGpuInstanceGetInfo(gi)
+        out([i.profileId, i.placement.start, i.placement.size])
+    """)
+    assert made == 13 and seen == [19, 6, 1]
+    # The tree builder starts a fresh tree without instances.
+    driver_tree(tmp_path, "dgx-h100-mig")
+    assert not (lib_dir(tree) / "nvml-standin.state").exists()
+
+
+def test_a_changed_faults_file_is_reread_and_a_bad_one_keeps_the_last(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "l4")
+    got = run_py(tree, """
+        import os
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        path = sys.argv[1] + "/usr/lib/x86_64-linux-gnu/nvml-standin-faults.json"
+        def put(text):
+            with open(path + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+        r = [err(pynvml.nvmlDeviceGetUUID, h)]
+        put('{"gpus": {"0": {"lost": true}}}')
+        r.append(err(pynvml.nvmlDeviceGetUUID, h))
+        put('{"gpus": ')  # broken: the previous faults stay
+        r.append(err(pynvml.nvmlDeviceGetUUID, h))
+        os.unlink(path)
+        r.append(err(pynvml.nvmlDeviceGetUUID, h))
+        out(r)
+    """)
+    assert got == ["ok", "GpuIsLost", "GpuIsLost", "ok"]
+
+
+def test_calls_before_init_are_uninitialized(h100: Path) -> None:
+    got = run_py(h100, """
+        r = [err(pynvml.nvmlDeviceGetCount)]
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        r.append(err(pynvml.nvmlDeviceGetHandleByIndex, 0))
+        out(r)
+    """)
+    assert got == ["Uninitialized", "Uninitialized"]
+
+
+def test_wait_times_out_after_the_timeout_when_nothing_happens(h100: Path) -> None:
+    got = run_py(h100, """
+        pynvml.nvmlInit()
+        es = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, es)
+        t0 = time.monotonic()
+        e = err(pynvml.nvmlEventSetWait_v2, es, 300)
+        out([e, time.monotonic() - t0])
+    """)
+    assert got[0] == "Timeout" and 0.28 <= got[1] < 3.0
+
+
+def test_stand_in_without_config_fails_init_cleanly(tmp_path: Path) -> None:
+    tree = driver_tree(tmp_path, "l4")
+    (lib_dir(tree) / "nvml-standin.json").unlink()
+    got = run_py(tree, """
+        out(err(pynvml.nvmlInit))
+    """)
+    assert got == "DriverNotLoaded"
