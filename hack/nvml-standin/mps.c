@@ -166,7 +166,7 @@ static int daemon_main(const char *self_dir) {
     if (nul > 2) close(nul);
     char logpath[PATH_MAX + 16];
     snprintf(logpath, sizeof logpath, "%s/control.log", log_dir);
-    logf_ = fopen(logpath, "a");
+    logf_ = fopen(logpath, "ae");
     unlink(control);
     if (mkfifo(control, 0600) != 0) { logline("cannot create %s: %s", control, strerror(errno)); return 1; }
     int fd = open(control, O_RDWR | O_CLOEXEC); /* a reader always, and never EOF */
@@ -188,7 +188,7 @@ static int daemon_main(const char *self_dir) {
         char *space = strchr(line, ' ');
         if (!space) continue;
         *space = 0;
-        FILE *out = fopen(line, "w");
+        FILE *out = fopen(line, "we"); /* not inherited by a server we start */
         if (!out) continue;
         logline("CMD: %s", space + 1);
         int quit = handle(space + 1, out, self_dir);
