@@ -60,6 +60,7 @@ static jval *config;
 static char config_dir[PATH_MAX];
 static char faults_path[PATH_MAX];
 static char state_path[PATH_MAX];
+static char caps_dir[PATH_MAX];
 static int init_count;
 static int ngpus;
 static const jval *gpus[MAX_GPUS];
@@ -131,6 +132,8 @@ static nvmlReturn_t load_config(void) {
     resolve(faults_path, fe && *fe ? fe : json_str(config, "faultsFile", NULL));
     const char *se = getenv("TOPODRA_NVML_STANDIN_STATE");
     resolve(state_path, se && *se ? se : json_str(config, "stateFile", NULL));
+    const char *ce = getenv("TOPODRA_NVML_STANDIN_CAPS");
+    resolve(caps_dir, ce && *ce ? ce : json_str(config, "capabilitiesDir", NULL));
     const jval *list = json_get(config, "gpus");
     ngpus = 0;
     if (list && list->type == J_ARR)

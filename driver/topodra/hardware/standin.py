@@ -25,6 +25,9 @@ from topodra.hardware.mockprofile import Fabric, build_facts, load_profile
 NVLINK_VERSION_ENUM: dict[int, int] = {1: 1, 2: 2, 3: 5, 4: 6, 5: 7, 6: 8}
 DEFAULT_FAULTS_FILE = "nvml-standin-faults.json"
 DEFAULT_STATE_FILE = "nvml-standin.state"
+# Where the driver's MIG capability files go, from the config's directory in a driver tree
+# (DEST/usr/lib/x86_64-linux-gnu -> DEST/proc/driver/nvidia/capabilities).
+DEFAULT_CAPABILITIES_DIR = "../../../proc/driver/nvidia/capabilities"
 
 
 def _answer(v: Any) -> Any:
@@ -46,7 +49,8 @@ def _nvlink_version(v: Any) -> Any:
 
 
 def standin_config(
-    facts: NvmlFacts, *, faults_file: str | None = DEFAULT_FAULTS_FILE, state_file: str | None = DEFAULT_STATE_FILE
+    facts: NvmlFacts, *, faults_file: str | None = DEFAULT_FAULTS_FILE, state_file: str | None = DEFAULT_STATE_FILE,
+    capabilities_dir: str | None = DEFAULT_CAPABILITIES_DIR,
 ) -> dict[str, Any]:
     """The stand-in's JSON config for ``facts``; file paths relative to the config's own directory."""
     gpus: list[dict[str, Any]] = []
@@ -85,6 +89,7 @@ def standin_config(
         "cudaDriverVersion": _answer(facts.cudaDriverVersion),
         "faultsFile": faults_file,
         "stateFile": state_file,
+        "capabilitiesDir": capabilities_dir,
         "gpus": gpus,
     }
 
