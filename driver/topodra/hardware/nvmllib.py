@@ -48,11 +48,21 @@ def find_library(driver_root: str | os.PathLike[str]) -> Path:
     )
 
 
+def _same_object(path: Path, lib: Any) -> bool:
+    """True when ``path`` is already loaded in this process as the object behind ``lib``."""
+    try:
+        mine = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+    except OSError:  # not loaded at all: pynvml's library is another file
+        return False
+    return bool(mine._handle == getattr(lib, "_handle", None))
+
+
 def load(driver_root: str | os.PathLike[str], nvml: Any) -> Path:
     """Give the ``pynvml`` module ``nvml`` the driver root's library; returns its path.
 
-    Loading twice from the same file is a no-op.  A process can hold one NVML only, so a second driver
-    root raises DiscoveryError, and so does a binding whose library someone else already loaded.
+    Loading twice from the same file is a no-op, and so is a binding that already loaded this very file
+    (by soname, on a host with the driver installed).  A process can hold one NVML only, so a second
+    driver root, or a binding holding another file, raises DiscoveryError.
     """
     global _loaded
     path = find_library(driver_root)
@@ -61,8 +71,12 @@ def load(driver_root: str | os.PathLike[str], nvml: Any) -> Path:
             if _loaded != path:
                 raise DiscoveryError(f"NVML already loaded from {_loaded}; cannot switch to {path} in one process")
             return path
-        if getattr(nvml, "nvmlLib", None) is not None:
-            raise DiscoveryError(f"pynvml already holds an NVML library not loaded from the driver root ({path})")
+        existing = getattr(nvml, "nvmlLib", None)
+        if existing is not None:  # pynvml loaded it by soname first (a host with the driver installed)
+            if not _same_object(path, existing):
+                raise DiscoveryError(f"pynvml already holds an NVML library other than {path} (the driver root's)")
+            _loaded = path
+            return path
         try:
             lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,36 @@ def test_topodra_discover_loads_nvml_from_the_driver_root(tmp_path: Path) -> Non
     bad = subprocess.run([*topodra, "discover", "--hardware", "mock:l4", "--nvidia-driver-root", str(tree)],
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert bad.returncode == 1 and "an NVIDIA driver root applies to --hardware nvml only" in bad.stderr
+
+
+def _child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=clean_env(),
+                          timeout=60, check=False)  # fmt: skip
+
+
+LOADED_FIRST = """
+import ctypes, sys
+import pynvml
+from topodra.hardware import nvmllib
+from topodra.hardware.base import DiscoveryError
+pynvml.nvmlLib = ctypes.CDLL(sys.argv[1] + "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")  # someone else's load
+try:
+    print(nvmllib.load(sys.argv[2], pynvml))
+except DiscoveryError as e:
+    print("refused:", e)
+try:
+    print(nvmllib.load(sys.argv[1], pynvml))
+except DiscoveryError as e:
+    print("refused:", e)
+"""
+
+
+def test_a_library_pynvml_already_holds_is_accepted_only_if_it_is_the_driver_roots(tmp_path: Path) -> None:
+    a = driver_tree(tmp_path / "a", "l4")
+    b = driver_tree(tmp_path / "b", "l4")
+    r = _child(LOADED_FIRST, str(a), str(b))
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first.startswith("refused: pynvml already holds an NVML library other than ") and str(b) in first
+    version = json.loads((lib_dir(a) / "nvml-standin.json").read_text())["driverVersion"]
+    assert second == str(lib_dir(a) / f"libnvidia-ml.so.{version}")  # the very file pynvml holds: accepted
