@@ -113,6 +113,17 @@ def test_mig_calls_are_not_supported_with_mig_off(h100: Path) -> None:
     assert got == {"mode": [0, 0], "profile": "NotSupported", "gi": "NotSupported", "mig": "NotSupported", "max": 0}
 
 
+def test_max_mig_device_count_is_zero_without_mig_support(tmp_path: Path) -> None:
+    """nvml.h: "Returns zero if MIG is not supported or enabled" (no NOT_SUPPORTED for this call)."""
+    tree = driver_tree(tmp_path, "l40s")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        out([err(pynvml.nvmlDeviceGetMigMode, h), pynvml.nvmlDeviceGetMaxMigDeviceCount(h)])
+    """)
+    assert got == ["NotSupported", 0]
+
+
 def test_lost_gpu_fails_per_device_calls_and_event_waits_at_once(tmp_path: Path) -> None:
     tree = driver_tree(tmp_path, "dgx-h100")
     got = run_py(tree, """
@@ -202,6 +213,8 @@ def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
         n = ctypes.c_uint(16)
         pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(n))
         r["placements"] = [[arr[i].start, arr[i].size] for i in range(n.value)]
+        # nvml.h: callers probe profile indices from 0 until INVALID_ARGUMENT; unoffered ones are NOT_SUPPORTED.
+        r["probe"] = [err(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, i) for i in (5, 0x11, 0x12)]
         def create(pid, start, size):
             return pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, place(start, size))
         gi = create(19, 3, 1)
@@ -237,6 +250,7 @@ def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
     assert got == {
         "profile": [19, "MIG 1g.10gb", 1, 9728],
         "placements": [[i, 1] for i in range(7)],
+        "probe": ["NotSupported", "NotSupported", "InvalidArgument"],
         "gi_id": 10,  # fixed by placement: 1-slice instances at memory slices 0..6 are GI 7..13
         "overlap": "InsufficientResources",
         "bad_placement": "InvalidArgument",
