@@ -938,8 +938,12 @@ static nvmlReturn_t next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
         data->device = &gpu_handles[i];
         data->eventType = bit;
         data->eventData = bit == NVML_EVENT_XID ? (unsigned long long)json_int(ev, "data", 0) : 0;
-        data->gpuInstanceId = (unsigned int)json_int(ev, "gpuInstanceId", NVML_VALUE_INVALID_ID);
-        data->computeInstanceId = (unsigned int)json_int(ev, "computeInstanceId", NVML_VALUE_INVALID_ID);
+        /* nvml.h: the ids are valid only for an XID attributable to an instance while MIG is enabled. */
+        int mig_xid = bit == NVML_EVENT_XID && mig_enabled(i);
+        data->gpuInstanceId = mig_xid ? (unsigned int)json_int(ev, "gpuInstanceId", NVML_VALUE_INVALID_ID)
+                                      : NVML_VALUE_INVALID_ID;
+        data->computeInstanceId = mig_xid ? (unsigned int)json_int(ev, "computeInstanceId", NVML_VALUE_INVALID_ID)
+                                          : NVML_VALUE_INVALID_ID;
         return NVML_SUCCESS;
     }
     return NVML_ERROR_TIMEOUT;

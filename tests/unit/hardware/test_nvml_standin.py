@@ -175,6 +175,26 @@ def test_events_carry_gi_and_ci_ids_and_arrive_once(tmp_path: Path) -> None:
                    "then": "Timeout"}  # fmt: skip
 
 
+def test_event_instance_ids_need_mig_enabled(tmp_path: Path) -> None:
+    """nvml.h: GI/CI ids are valid only for an XID attributable to an instance while MIG is on, else 0xFFFFFFFF."""
+    tree = driver_tree(tmp_path, "dgx-h100")
+    got = run_py(tree, """
+        import os
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        es = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(h, XID, es)
+        path = sys.argv[1] + "/usr/lib/x86_64-linux-gnu/nvml-standin-faults.json"
+        with open(path + ".tmp", "w") as f:
+            ev = {"gpu": 0, "type": "xid", "data": 43, "gpuInstanceId": 3, "computeInstanceId": 0}
+            json.dump({"events": [ev]}, f)
+        os.replace(path + ".tmp", path)
+        e = pynvml.nvmlEventSetWait_v2(es, 2000)
+        out([e.eventData, e.gpuInstanceId, e.computeInstanceId])
+    """)
+    assert got == [43, 0xFFFFFFFF, 0xFFFFFFFF]
+
+
 def test_recovery_action_field_follows_the_faults_file(tmp_path: Path) -> None:
     tree = driver_tree(tmp_path, "dgx-h100")
     write_faults(tree, {"gpus": {"3": {"recoveryAction": 1}}})
