@@ -250,12 +250,13 @@ def test_only_a_minority_missing_a_link_is_down(node: MockNode) -> None:
         src.close()
 
 
-def test_lost_gpu_fails_rediscovery_so_its_devices_stay(node: MockNode) -> None:
-    """A GPU lost at run time makes discovery fail (NVML says so) instead of silently dropping the device."""
+def test_lost_gpu_stays_in_rediscovery_marked_lost(node: MockNode) -> None:
+    """A GPU lost at run time keeps its device (marked lost, so it is tainted) instead of silently vanishing."""
     node.gpu(1, lost=True)
-    from topodra.hardware import DiscoveryError
-    with pytest.raises(DiscoveryError, match="GPU"):
-        node.backend.discover()
+    again = {d.name: d for d in node.backend.discover()}
+    assert set(again) == {d.name for d in node.devices}
+    assert "GPU is lost" in again["gpu-1"].lost
+    assert [n for n, d in again.items() if d.lost] == ["gpu-1"]
 
 
 def test_nic_port_state_from_sysfs_survives_rediscovery(node: MockNode) -> None:
