@@ -402,6 +402,10 @@ class NvmlBackend:
                 out.append(last.model_copy(update={"lost": reason}))
                 continue
             info = self.sysfs.nvidia_gpu_info(bdf)
+            if not info and self.host_device_nodes and self.sysfs.root != "/":
+                # The driver's procfs is not namespaced: this container's /proc has it when --sysfs-root
+                # points at a host /sys mount only.
+                info = Sysfs("/").nvidia_gpu_info(bdf)
             uuid, minor = info.get("GPU UUID", ""), info.get("Device Minor", "")
             if not uuid.startswith("GPU-") or not minor.isdigit():
                 log.error("node %s %s: not published: no previous discovery and no driver procfs entry names it",
