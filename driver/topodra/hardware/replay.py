@@ -176,7 +176,10 @@ def capture_nvml(nvml: Any) -> NvmlFacts:
     try:
         gpus: list[GpuFacts] = []
         for idx in range(int(nvml.nvmlDeviceGetCount())):
-            h = nvml.nvmlDeviceGetHandleByIndex(idx)
+            h = _ask(nvml, "nvmlDeviceGetHandleByIndex", idx)
+            if isinstance(h, NvmlErr):  # a lost GPU: recorded as NVML answers it, so a replay fails it alike
+                gpus.append(GpuFacts(uuid=h, name=h, memoryTotal=h, pci=h, minor=h))
+                continue
             pci = _ask(nvml, "nvmlDeviceGetPciInfo", h)
             mig_mode = _ask(nvml, "nvmlDeviceGetMigMode", h)
             gpus.append(

@@ -288,3 +288,17 @@ def test_capture_records_mig_profiles_and_replays_the_same_devices(tmp_path: Pat
     replayed = replay_backend(fx, "mig-node", config=DiscoveryConfig()).discover()
     assert [d.name for d in replayed] == [d.name for d in mock.discover()]
     assert any(d.kind == "mig" for d in replayed)
+
+
+def test_capture_of_a_node_with_a_lost_gpu_records_it_and_replays_the_rest(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"
+    faults.write_text('{"gpus": {"1": {"lost": true}}}')
+    mock = load_backend("mock:dgx-h100", "cap-node", sysfs_root=str(tmp_path / "hw"),
+                        overrides={"faultsFile": str(faults)})
+    facts = capture_nvml(mock.nvml)
+    assert facts.gpus[1].uuid == facts.gpus[1].pci and getattr(facts.gpus[1].uuid, "error", "") == "GpuIsLost"
+    bdfs = mock.sysfs.nvidia_gpus()
+    fx = ReplayFixture(synthetic=True, description="capture with a lost GPU", node="cap-node", nvml=facts,
+                       sysfs=capture_sysfs(mock.sysfs.root, bdfs))
+    names = [d.name for d in gpus(replay_backend(fx, "cap-node", config=DiscoveryConfig()).discover())]
+    assert names == ["gpu-0", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
