@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,7 @@ class NodeHealthSource:
     """One node's signals; ``open()`` once, then ``wait_events`` and ``poll`` from one thread."""
 
     def __init__(self, nvml: Any, sysfs: Sysfs, devices: Iterable[Device],
-                 sleep: Any = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         devices = list(devices)
         self.nvml = nvml
         self.sysfs = sysfs
