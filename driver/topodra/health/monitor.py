@@ -67,6 +67,7 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
         self._next_poll = 0.0
         self._events_seen = 0  # observations the last wait_events returned
+        self._polled = False  # the current source has polled at least once
         inventory.subscribe(self._devices_changed)
 
     # ----- wiring
@@ -117,6 +118,7 @@ class HealthMonitor:
         source.open()
         self._source = source
         self._next_poll = 0.0
+        self._polled = False
 
     def step(self, wait: float = 0.0) -> bool:
         """Wait up to ``wait`` s for events, poll if due, apply the policy; True if the result changed."""
@@ -129,13 +131,15 @@ class HealthMonitor:
         if now >= self._next_poll:
             observations.extend(self._source.poll())
             self._next_poll = now + self.poll_interval
+            self._polled = True
         return self._apply(observations, now)
 
     def _apply(self, observations: Iterable[Observation], now: float) -> bool:
         with self._lock:
-            # A GPU discovery could not read is lost while discovery says so (a level signal, seen every round),
-            # already before the first poll: it is never published untainted.
-            lost = [Observation(d.name, "gpu-lost", d.lost) for d in self._devices if d.lost]
+            # A GPU discovery could not read is lost until the source's first poll says how it is now, so it is
+            # never published untainted; from then on the source's own poll is the signal (a GPU that answers
+            # again is not held lost until the next re-discovery).
+            lost = [] if self._polled else [Observation(d.name, "gpu-lost", d.lost) for d in self._devices if d.lost]
         obs = [*observations, *lost]
         for o in obs:
             log.debug("health signal device=%s kind=%s detail=%s", o.device, o.kind, o.detail)

@@ -44,6 +44,7 @@ class GpuTarget:
     links_seen_up: set[int] = field(default_factory=set)  # links ever active: only those can go "down"
     links_up_now: set[int] | None = None  # at the last poll; None: not read (no domain, GPU lost)
     reset_pending: bool = False  # NVML's recovery action was not NONE at the last read
+    lost_at_discovery: bool = False  # discovery could not read it: unreachable now means lost, whatever the error
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def targets(devices: Iterable[Device]) -> tuple[list[GpuTarget], list[NicTarget]
         attrs = {k: v.value for k, v in d.attributes.items()}
         if d.kind == "gpu" and isinstance(attrs.get("uuid"), str):
             domain = attrs.get("nvlinkDomain")
-            gpus.append(GpuTarget(d.name, str(attrs["uuid"]), str(domain) if domain else None))
+            gpus.append(GpuTarget(d.name, str(attrs["uuid"]), str(domain) if domain else None,
+                                  lost_at_discovery=bool(d.lost)))
         elif d.kind == "nic" and isinstance(attrs.get("rdmaDevice"), str):
             nics.append(NicTarget(d.name, str(attrs["rdmaDevice"])))
     return gpus, nics
@@ -334,7 +336,8 @@ class NodeHealthSource:
 
     def _poll_gpu(self, g: GpuTarget) -> list[Observation]:
         if not self._resolve(g):
-            return [Observation(g.name, "gpu-lost", "no NVML handle")] if self._gone(g) else []
+            lost = g.lost_at_discovery or self._gone(g)
+            return [Observation(g.name, "gpu-lost", "no NVML handle")] if lost else []
         out: list[Observation] = []
         try:
             reasons = self._throttle_reasons(g.handle)

@@ -378,3 +378,36 @@ def test_a_gpu_lost_at_discovery_is_tainted_before_the_first_poll(tmp_path: Path
     mon = HealthMonitor(Inventory(devices), node.source, hold_seconds=30, poll_interval=1)
     mon.adopt({})  # what the plugin calls before its publisher starts
     assert {t.key for t in mon.taints()[lost.name]} == {GPU_LOST_KEY}
+
+
+def test_after_the_first_poll_the_source_decides_whether_a_discovery_lost_gpu_is_lost(tmp_path: Path) -> None:
+    """Lost at discovery and still unreachable: tainted whatever NVML's error; answering again: it clears
+    after the hold without waiting for the next re-discovery."""
+    node = Node(tmp_path)
+    lost = node.devices[4].model_copy(update={"lost": "GPU 4: cannot read handle: GPU is lost"})
+    devices = [lost if d.name == lost.name else d for d in node.devices]
+    real = node.backend.nvml.nvmlDeviceGetHandleByUUID
+
+    def by_uuid(uuid: str) -> Any:
+        if uuid == lost.uuid and unreachable.is_set():
+            raise nvml_error("Unknown")  # not GPU_IS_LOST: discovery's verdict still holds
+        return real(uuid)
+
+    unreachable = threading.Event()
+    unreachable.set()
+    node.backend.nvml.nvmlDeviceGetHandleByUUID = by_uuid
+    clock = Clock()
+    mon = HealthMonitor(Inventory(devices), node.source, hold_seconds=5, poll_interval=1, clock=clock)
+    try:
+        mon.step()
+        assert {t.key for t in mon.taints()[lost.name]} == {GPU_LOST_KEY}
+        clock.t += 10
+        mon.step()
+        assert {t.key for t in mon.taints()[lost.name]} == {GPU_LOST_KEY}  # re-seen by the poll
+        unreachable.clear()  # the GPU answers again; the inventory still says lost
+        for _ in range(7):
+            clock.t += 1
+            mon.step()
+        assert lost.name not in mon.taints()
+    finally:
+        mon.stop()
