@@ -55,9 +55,9 @@ def test_application_xids_never_taint(code: int) -> None:
     assert classify(Observation("gpu-0", "xid", str(code))) is None
 
 
-@pytest.mark.parametrize(("code", "effect"), [
-    (48, Effect.NO_EXECUTE), (79, Effect.NO_EXECUTE), (95, Effect.NO_EXECUTE), (74, Effect.NO_EXECUTE),
-    (119, Effect.NO_EXECUTE), (120, Effect.NO_EXECUTE), (94, Effect.NO_SCHEDULE), (92, Effect.NO_SCHEDULE),
+@pytest.mark.parametrize(("code", "effect"), [  # NoSchedule as NVIDIA's DRA driver; NoExecute is opt-in
+    (48, Effect.NO_SCHEDULE), (79, Effect.NO_SCHEDULE), (95, Effect.NO_SCHEDULE), (74, Effect.NO_SCHEDULE),
+    (119, Effect.NO_SCHEDULE), (120, Effect.NO_SCHEDULE), (94, Effect.NO_SCHEDULE), (92, Effect.NO_SCHEDULE),
     (64, Effect.NO_SCHEDULE), (63, Effect.NONE), (999, Effect.NO_SCHEDULE),
 ])
 def test_xid_effects(code: int, effect: Effect) -> None:
@@ -86,7 +86,7 @@ def test_bad_observations_are_clear_errors() -> None:
 def test_event_taint_holds_then_clears_and_repeat_extends() -> None:
     p = HealthPolicy(hold_seconds=10)
     p.observe([Observation("gpu-1", "xid", "79")], now=100.4)
-    assert p.taints() == {"gpu-1": (DeviceTaint(XID_KEY, "79", Effect.NO_EXECUTE, 100),)}
+    assert p.taints() == {"gpu-1": (DeviceTaint(XID_KEY, "79", Effect.NO_SCHEDULE, 100),)}
     assert p.states(["gpu-0", "gpu-1"])["gpu-1"].unhealthy
     assert not p.states(["gpu-0", "gpu-1"])["gpu-0"].unhealthy
     p.observe([Observation("gpu-1", "xid", "79")], now=105)  # again: the hold restarts, timeAdded stays
@@ -124,7 +124,7 @@ def test_nvlink_down_degrades_the_domain_informationally() -> None:
 
 
 def test_worst_taints_are_kept_first() -> None:
-    p = HealthPolicy(hold_seconds=5)
+    p = HealthPolicy(hold_seconds=5, no_execute={"gpu-lost"})
     p.observe([Observation("gpu-0", "throttle", "HwSlowdown"), Observation("gpu-0", "xid", "94"),
                Observation("gpu-0", "gpu-lost")], now=1)
     assert [t.effect for t in p.taints()["gpu-0"]] == [Effect.NO_EXECUTE, Effect.NO_SCHEDULE, Effect.NONE]
@@ -250,12 +250,13 @@ def test_only_a_minority_missing_a_link_is_down(node: MockNode) -> None:
         src.close()
 
 
-def test_lost_gpu_fails_rediscovery_so_its_devices_stay(node: MockNode) -> None:
-    """A GPU lost at run time makes discovery fail (NVML says so) instead of silently dropping the device."""
+def test_lost_gpu_stays_in_rediscovery_marked_lost(node: MockNode) -> None:
+    """A GPU lost at run time keeps its device (marked lost, so it is tainted) instead of silently vanishing."""
     node.gpu(1, lost=True)
-    from topodra.hardware import DiscoveryError
-    with pytest.raises(DiscoveryError, match="GPU"):
-        node.backend.discover()
+    again = {d.name: d for d in node.backend.discover()}
+    assert set(again) == {d.name for d in node.devices}
+    assert "GPU is lost" in again["gpu-1"].lost
+    assert [n for n, d in again.items() if d.lost] == ["gpu-1"]
 
 
 def test_nic_port_state_from_sysfs_survives_rediscovery(node: MockNode) -> None:
@@ -316,7 +317,7 @@ def test_monitor_feeds_taints_and_board_and_clears_after_hold(node: MockNode) ->
         clock.t += 1
         assert mon.step(wait=1.0)
         taints = mon.taints()
-        assert [t.text for t in taints["gpu-3"]] == [f"{XID_KEY}=79:NoExecute"]
+        assert [t.text for t in taints["gpu-3"]] == [f"{XID_KEY}=79:NoSchedule"]
         assert [t.text for t in taints["nic-0"]] == [f"{NIC_DOWN_KEY}=port1-DOWN-POLLING:NoSchedule"]
         _, board_devices = board.snapshot()
         health_of = {d.name: d for d in board_devices}
@@ -326,7 +327,7 @@ def test_monitor_feeds_taints_and_board_and_clears_after_hold(node: MockNode) ->
         # ResourceSlice: the taints ride on the device entries; a tainted pool uses <= 64 devices per slice.
         sl = build_slices(DRIVER, NODE, None, node.devices, 7, taints)
         entries = {d["name"]: d for d in sl[0]["spec"]["devices"]}
-        assert entries["gpu-3"]["taints"] == [{"key": XID_KEY, "value": "79", "effect": "NoExecute",
+        assert entries["gpu-3"]["taints"] == [{"key": XID_KEY, "value": "79", "effect": "NoSchedule",
                                               "timeAdded": "1970-01-01T00:16:41Z"}]
         assert "taints" not in entries["gpu-0"]
         node.port("mlx5_0", "4: ACTIVE", "5: LinkUp")  # recovered; no new XID

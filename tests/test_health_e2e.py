@@ -85,7 +85,9 @@ def plugin(node_cluster: ClusterHandle, faults: Faults,
                                  "TOPODRA_HARDWARE_CONFIG": str(base / "hardware.yaml"),
                                  "TOPODRA_SYSFS_ROOT": str(faults.sysfs),
                                  "TOPODRA_HEALTH_HOLD_SECONDS": str(HOLD),
-                                 "TOPODRA_HEALTH_POLL_INTERVAL": "0.5"})
+                                 "TOPODRA_HEALTH_POLL_INTERVAL": "0.5",
+                                 # NoSchedule by default (as NVIDIA's DRA driver); eviction is opted into.
+                                 "TOPODRA_HEALTH_NO_EXECUTE": "gpu-lost"})
     p.start()
     yield p
     p.stop()

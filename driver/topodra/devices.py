@@ -90,6 +90,9 @@ class Device(BaseModel):
     uuid: str = ""
     device_nodes: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    # Discovery could not read this GPU (e.g. NVML_ERROR_GPU_IS_LOST): why.  It is published tainted
+    # gpu-lost, so the node keeps its healthy GPUs and claims on this one can still be unprepared.
+    lost: str = ""
 
     @model_validator(mode="after")
     def _check(self) -> Device:

@@ -219,6 +219,23 @@ def gpu_device(gpu: GpuInfo, system: SystemInfo, topo: GpuTopology, *, device_no
     )
 
 
+def lost_gpu_device(minor: int, uuid: str, bdf: str, reason: str, *, device_nodes: bool) -> Device:
+    """A GPU that NVML cannot read, known only by what the kernel driver says: published so it can be tainted.
+
+    It carries no model or memory, so no class that selects by them can match it, and the monitor taints it
+    ``gpu-lost`` before the first publish (``Device.lost``).
+    """
+    return Device(
+        name=f"gpu-{minor}",
+        kind="gpu",
+        attributes={"type": string_attr("gpu"), "uuid": string_attr(uuid), "minor": int_attr(minor),
+                    STD + "pciBusID": string_attr(bdf)},
+        uuid=uuid,
+        device_nodes=(f"/dev/nvidia{minor}",) if device_nodes else (),
+        lost=reason,
+    )
+
+
 def nic_device(index: int, nic: RdmaNic, rail: int, *, device_nodes: bool) -> Device:
     """The published compute NIC device (name ``nic-<index in compute-NIC order>``).
 

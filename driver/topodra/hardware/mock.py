@@ -70,6 +70,8 @@ class GpuFaults(BaseModel):
     lost: bool = False  # every per-GPU call fails with NVML_ERROR_GPU_IS_LOST
     nvlinksDown: tuple[int, ...] = ()  # nvmlDeviceGetNvLinkState answers DISABLED for these links
     clocksEventReasons: int = Field(default=0, ge=0)  # nvmlDeviceGetCurrentClocksEventReasons bitmask
+    # nvmlGpuRecoveryAction_t answered for field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (0 NONE, 1 GPU_RESET, ...).
+    recoveryAction: int = Field(default=0, ge=0)
 
 
 class FaultEvent(BaseModel):
@@ -79,6 +81,9 @@ class FaultEvent(BaseModel):
     gpu: GpuRef
     type: Literal["xid", "sbe", "dbe"]
     data: int = 0  # the XID code for "xid"
+    # The MIG instance the event is about (nvmlEventData_t); absent: the whole GPU (NVML sends 0xFFFFFFFF).
+    gi: int | None = Field(default=None, ge=0)
+    ci: int | None = Field(default=None, ge=0)
 
 
 class MockFaults(BaseModel):
@@ -90,6 +95,8 @@ class MockFaults(BaseModel):
 
 
 _EVENT_BITS = {"sbe": 0x1, "dbe": 0x2, "xid": 0x8}  # nvmlEventType* values
+WHOLE_GPU = 0xFFFFFFFF  # nvmlEventData_t gpuInstanceId/computeInstanceId of an event about the whole GPU
+FI_GPU_RECOVERY_ACTION = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
 
 
 @dataclass
@@ -105,8 +112,8 @@ class FakeEventData:
     device: FakeHandle
     eventType: int
     eventData: int
-    gpuInstanceId: int = 0
-    computeInstanceId: int = 0
+    gpuInstanceId: int = WHOLE_GPU
+    computeInstanceId: int = WHOLE_GPU
 
 
 class FakeNvml(FakeMig):
@@ -343,10 +350,29 @@ class FakeNvml(FakeMig):
     def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
         event_set.registered.clear()
 
+    def nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[Any]) -> Any:
+        """Field values as NVML fills them: a per-field ``nvmlReturn``; only the recovery action is known here."""
+        self._gpu(h)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for i, fid in enumerate(field_ids):
+            values[i].fieldId = int(fid[0] if isinstance(fid, tuple) else fid)
+            if values[i].fieldId == FI_GPU_RECOVERY_ACTION:
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = self._gpu_faults(h.index).recoveryAction
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
     def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeout_ms: int) -> FakeEventData:
-        """The next injected event for a registered GPU, waiting up to ``timeout_ms`` (else NVMLError_Timeout)."""
+        """The next injected event for a registered GPU, waiting up to ``timeout_ms`` (else NVMLError_Timeout).
+
+        As nvml.h documents, a registered GPU that is lost makes the wait fail with GPU_IS_LOST, at once.
+        """
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
+            if any(self._gpu_faults(i).lost for i in event_set.registered):
+                raise nvml_error("GpuIsLost")
             events = self.faults().events
             event_set.cursor = min(event_set.cursor, len(events))
             while event_set.cursor < len(events):
@@ -355,7 +381,9 @@ class FakeNvml(FakeMig):
                 index = self._index_of(ev.gpu)
                 bit = _EVENT_BITS[ev.type]
                 if index is not None and event_set.registered.get(index, 0) & bit:
-                    return FakeEventData(FakeHandle(index), bit, ev.data if ev.type == "xid" else 0)
+                    gi = WHOLE_GPU if ev.gi is None else ev.gi
+                    ci = WHOLE_GPU if ev.ci is None else ev.ci
+                    return FakeEventData(FakeHandle(index), bit, ev.data if ev.type == "xid" else 0, gi, ci)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise nvml_error("Timeout")

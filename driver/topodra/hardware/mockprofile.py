@@ -75,7 +75,7 @@ class PciPlacement(_Model):
 class NvlinkSpec(_Model):
     topology: Literal["switch", "bridge"]
     links: int = Field(ge=1, le=36)
-    version: int
+    version: int = Field(ge=1, le=6)  # the NVLink generation (H100: 4); NVML answers its enum (NVLINK_ENUM)
     switches: list[str] = Field(default_factory=list)  # NVSwitch BDFs (topology=switch)
     groups: list[list[int]] = Field(default_factory=list)  # GPU slots per bridge island (topology=bridge)
 
@@ -197,6 +197,11 @@ def _nvml_bus_id(bdf: str) -> str:
     return f"{int(domain, 16):08X}:{rest.upper()}"
 
 
+# The nvmlNvlinkVersion_t value a GPU of each NVLink generation answers (nvml.h NVML_NVLINK_VERSION_*):
+# V100 2_0, A100 3_1 (5), H100/H200 4_0 (6), B200/GB200 5_0 (7).
+NVLINK_ENUM: dict[int, int] = {1: 1, 2: 2, 3: 5, 4: 6, 5: 7, 6: 8}
+
+
 def build_facts(profile: Profile, node: str, hidden: frozenset[int], fabric: Fabric) -> NvmlFacts:
     """NVML answers of ``node`` built from ``profile`` (GPU slots in ``hidden`` are gone from the bus)."""
     g = profile.gpu
@@ -208,15 +213,16 @@ def build_facts(profile: Profile, node: str, hidden: frozenset[int], fabric: Fab
         if g.nvlink is not None:
             nvlinks = []
             nv = g.nvlink
+            enum = NVLINK_ENUM[nv.version]
             if nv.topology == "switch":
                 for link in range(nv.links):
                     sw = nv.switches[link % len(nv.switches)]
-                    nvlinks.append(LinkFacts(state=1, remoteBusId=_nvml_bus_id(sw), remoteType=2, version=nv.version))
+                    nvlinks.append(LinkFacts(state=1, remoteBusId=_nvml_bus_id(sw), remoteType=2, version=enum))
             else:
                 peers = [p for grp in nv.groups if slot in grp for p in grp if p != slot]
                 for link in range(nv.links):
                     if not peers:
-                        nvlinks.append(LinkFacts(state=0, version=nv.version))
+                        nvlinks.append(LinkFacts(state=0, version=enum))
                         continue
                     peer = peers[link % len(peers)]
                     # A bridge to a GPU that fell off the bus is a dead link.
@@ -226,7 +232,7 @@ def build_facts(profile: Profile, node: str, hidden: frozenset[int], fabric: Fab
                             state=1 if alive else 0,
                             remoteBusId=_nvml_bus_id(profile.gpus[peer].bdf),
                             remoteType=0,
-                            version=nv.version,
+                            version=enum,
                         )
                     )
         fab: FabricFacts | NvmlErr = NOT_SUPPORTED

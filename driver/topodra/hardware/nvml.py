@@ -4,10 +4,14 @@ Mock hardware and replayed captures construct this same class with a fake
 ``pynvml`` module object and a generated sysfs tree, so tests exercise this
 code, not a copy.
 
-Error policy: mandatory facts (GPU count, handle, UUID, name, memory, PCI info)
-raise ``DiscoveryError``; every other call is optional — NotSupported and
-FunctionNotFound (older driver) mean "absent", anything else means "absent"
-plus a warning naming the GPU.
+Error policy: NVML initialisation and the GPU count are mandatory for the node
+(``DiscoveryError``).  The handle, UUID, name, memory and PCI info are
+mandatory for one GPU: a GPU failing one of them (GPU_IS_LOST after XID 79, a
+PCI domain the Kubernetes format cannot hold) never fails the node; it is
+logged and published as a ``lost`` device when it can still be named (the
+previous discovery, or the driver's procfs), else left out.  Every other call
+is optional — NotSupported and FunctionNotFound (older driver) mean "absent",
+anything else means "absent" plus a warning naming the GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topodra.devices import Device
-from topodra.hardware.attributes import GpuInfo, GpuTopology, SystemInfo, gpu_device, nic_device
+from topodra.hardware.attributes import GpuInfo, GpuTopology, SystemInfo, gpu_device, lost_gpu_device, nic_device
 from topodra.hardware.base import DiscoveryConfig, DiscoveryError
 from topodra.hardware.nvlink import LinkPeer, fabric_domain_id, local_domain_id, local_groups
 from topodra.hardware.pairing import assign_rails, pair_gpus, select_compute_nics
@@ -35,6 +39,22 @@ _NVML_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2}
 
 class _Absent(Exception):
     """An optional NVML fact is not available."""
+
+
+# nvmlDeviceGetNvLinkVersion answers an nvmlNvlinkVersion_t enum, not the generation (nvml.h,
+# NVML_NVLINK_VERSION_*): 1_0=1, 2_0=2, 2_2=3, 3_0=4, 3_1=5, 4_0=6, 5_0=7, 6_0=8.  An A100 answers 5
+# (NVLink 3.1), an H100 6 (4.0), a B200 7 (5.0).  ``nvlinkVersion`` publishes the generation (major).
+NVLINK_GENERATION: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
+
+
+# The far end of active NVLinks whose remote PCI info NVML cannot give: an NVSwitch hidden from this OS.
+HIDDEN_SWITCH = "hidden-nvswitch"
+_ZERO_BDF = "0000:00:00.0"
+
+
+def nvlink_generation(enum_value: int) -> int | None:
+    """NVLink generation of an nvmlNvlinkVersion_t value; None for INVALID (0) or a value newer than the table."""
+    return NVLINK_GENERATION.get(int(enum_value))
 
 
 def normalize_bus_id(bus_id: str | bytes) -> str:
@@ -55,6 +75,21 @@ def normalize_bus_id(bus_id: str | bytes) -> str:
 class _Fabric:
     cluster_uuid: str
     clique_id: int
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A GPU whose mandatory facts could not be read."""
+
+    index: int
+    bdf: str | None  # known when the PCI info was readable
+    reason: str
+
+
+class _GpuFailed(Exception):
+    def __init__(self, bdf: str | None, reason: str) -> None:
+        super().__init__(reason)
+        self.bdf = bdf
 
 
 class NvmlBackend:
@@ -82,6 +117,7 @@ class NvmlBackend:
         self.sysfs = sysfs
         self.config = config or DiscoveryConfig()
         self.host_device_nodes = host_device_nodes
+        self._last_gpus: dict[str, Device] = {}  # BDF -> the GPU's device at the last discovery that read it
 
     # -- NVML call wrappers -------------------------------------------------------------------------
 
@@ -172,6 +208,7 @@ class NvmlBackend:
         """Active links as (remote BDF, remote device type or None) and the NVLink version."""
         peers: list[tuple[str, int | None]] = []
         version: int | None = None
+        version_read = False
         enabled = int(getattr(self.nvml, "NVML_FEATURE_ENABLED", 1))
         for link in range(int(getattr(self.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
             try:
@@ -189,20 +226,32 @@ class NvmlBackend:
                 continue
             if state != enabled:
                 continue
-            pci = self._opt(f"NVLink {link} remote PCI info", label, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
-            if pci is None:
-                continue
-            try:
-                remote = normalize_bus_id(pci.busId)
-            except ValueError as e:
-                log.warning("node %s %s: NVLink %d: %s", self.node_name, label, link, e)
-                continue
             rtype = self._opt(f"NVLink {link} remote type", label, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
-            peers.append((remote, None if rtype is None else int(rtype)))
-            if version is None:
+            pci = self._opt(f"NVLink {link} remote PCI info", label, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            remote: str | None = None
+            if pci is not None:
+                try:
+                    remote = normalize_bus_id(pci.busId)
+                except ValueError as e:
+                    log.warning("node %s %s: NVLink %d: %s", self.node_name, label, link, e)
+            unknown = int(getattr(self.nvml, "NVML_NVLINK_DEVICE_TYPE_UNKNOWN", 0xFF))
+            if remote is None or remote == _ZERO_BDF or (rtype is not None and int(rtype) == unknown):
+                # An active link whose far end NVML cannot name: an NVSwitch hidden from this OS (VMs with
+                # NVSwitch passthrough; NCCL assumes the same).  All such links meet at one switch.
+                peers.append((HIDDEN_SWITCH, self._switch_type()))
+            else:
+                peers.append((remote, None if rtype is None else int(rtype)))
+            if not version_read:
+                version_read = True
                 v = self._opt(f"NVLink {link} version", label, "nvmlDeviceGetNvLinkVersion", h, link)
-                version = None if v is None else int(v)
+                version = None if v is None else nvlink_generation(int(v))
+                if v is not None and version is None:
+                    log.warning("node %s %s: unknown NVLink version enum %d; nvlinkVersion omitted",
+                                self.node_name, label, int(v))  # fmt: skip
         return peers, version
+
+    def _switch_type(self) -> int:
+        return int(getattr(self.nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
 
     def _fabric(self, h: Any, label: str) -> _Fabric | None:
         """Multi-node NVLink membership (clusterUUID, cliqueID), None for single-node or no fabric."""
@@ -247,10 +296,16 @@ class NvmlBackend:
             return None  # NVLink-capable but not multi-node (HGX with Fabric Manager)
         return _Fabric(str(uuidlib.UUID(bytes=raw)), int(info.cliqueId))
 
+    def _gpu_must(self, bdf: str | None, what: str, fn_name: str, *args: Any) -> Any:
+        try:
+            return self._call(fn_name, *args)
+        except (self.nvml.NVMLError, _Absent) as e:
+            raise _GpuFailed(bdf, f"cannot read {what} ({fn_name}): {e}") from e
+
     def _read_nvml(
         self,
     ) -> tuple[SystemInfo, list[GpuInfo], dict[str, list[tuple[str, int | None]]], dict[str, _Fabric],
-               dict[str, list[MigProfile]]]:  # fmt: skip
+               dict[str, list[MigProfile]], list[_Failed]]:  # fmt: skip
         n = self.nvml
         try:
             n.nvmlInit()
@@ -266,51 +321,98 @@ class NvmlBackend:
             links: dict[str, list[tuple[str, int | None]]] = {}
             fabrics: dict[str, _Fabric] = {}
             migs: dict[str, list[MigProfile]] = {}
+            failed: list[_Failed] = []
             for idx in range(count):
-                label = f"GPU {idx}"
-                h = self._must(f"handle of {label}", "nvmlDeviceGetHandleByIndex", idx)
-                pci = self._must(f"PCI info of {label}", "nvmlDeviceGetPciInfo", h)
                 try:
-                    bdf = normalize_bus_id(pci.busId)
-                except ValueError as e:
-                    raise DiscoveryError(f"node {self.node_name}: {label}: {e}") from e
-                label = f"GPU {idx} ({bdf})"
-                cc = self._opt("compute capability", label, "nvmlDeviceGetCudaComputeCapability", h)
-                minor = self._opt("minor number", label, "nvmlDeviceGetMinorNumber", h)
-                brand = self._opt("brand", label, "nvmlDeviceGetBrand", h)
-                arch = self._opt("architecture", label, "nvmlDeviceGetArchitecture", h)
-                memory = self._must(f"memory of {label}", "nvmlDeviceGetMemoryInfo", h)
-                peers, version = self._links(h, label)
-                gpus.append(
-                    GpuInfo(
-                        index=idx,
-                        uuid=str(self._must(f"UUID of {label}", "nvmlDeviceGetUUID", h)),
-                        product_name=str(self._must(f"name of {label}", "nvmlDeviceGetName", h)),
-                        memory_bytes=int(memory.total),
-                        bdf=bdf,
-                        minor=None if minor is None else int(minor),
-                        brand=None if brand is None else int(brand),
-                        architecture=None if arch is None else int(arch),
-                        compute_capability=None if cc is None else (int(cc[0]), int(cc[1])),
-                        mig_capable=self._mig_capable(h, label),
-                        nvlink_version=version,
-                        nvlink_active_links=len(peers),
-                    )
-                )
-                links[bdf] = peers
-                if gpus[-1].mig_capable:
-                    profiles = self._mig_profiles(h, label)
-                    if profiles:
-                        migs[bdf] = profiles
-                fab = self._fabric(h, label)
-                if fab is not None:
-                    fabrics[bdf] = fab
-            return sysinfo, gpus, links, fabrics, migs
+                    self._read_gpu(idx, gpus, links, fabrics, migs)
+                except _GpuFailed as e:
+                    log.error("node %s GPU %d%s: %s; the GPU is not usable, the node's other GPUs are published",
+                              self.node_name, idx, f" ({e.bdf})" if e.bdf else "", e)  # fmt: skip
+                    failed.append(_Failed(idx, e.bdf, str(e)))
+            return sysinfo, gpus, links, fabrics, migs, failed
         finally:
             try:
                 n.nvmlShutdown()
             except n.NVMLError as e:
                 log.warning("node %s: nvmlShutdown failed: %s", self.node_name, e)
+
+    def _read_gpu(self, idx: int, gpus: list[GpuInfo], links: dict[str, list[tuple[str, int | None]]],
+                  fabrics: dict[str, _Fabric], migs: dict[str, list[MigProfile]]) -> None:
+        """Read one GPU into the four collections; _GpuFailed (and nothing added) if a mandatory fact fails."""
+        label = f"GPU {idx}"
+        h = self._gpu_must(None, f"handle of {label}", "nvmlDeviceGetHandleByIndex", idx)
+        pci = self._gpu_must(None, f"PCI info of {label}", "nvmlDeviceGetPciInfo", h)
+        try:
+            bdf = normalize_bus_id(pci.busId)
+        except ValueError as e:
+            raise _GpuFailed(None, str(e)) from e
+        label = f"GPU {idx} ({bdf})"
+        uuid = str(self._gpu_must(bdf, "UUID", "nvmlDeviceGetUUID", h))
+        name = str(self._gpu_must(bdf, "name", "nvmlDeviceGetName", h))
+        memory = self._gpu_must(bdf, "memory", "nvmlDeviceGetMemoryInfo", h)
+        cc = self._opt("compute capability", label, "nvmlDeviceGetCudaComputeCapability", h)
+        minor = self._opt("minor number", label, "nvmlDeviceGetMinorNumber", h)
+        brand = self._opt("brand", label, "nvmlDeviceGetBrand", h)
+        arch = self._opt("architecture", label, "nvmlDeviceGetArchitecture", h)
+        peers, version = self._links(h, label)
+        info = GpuInfo(
+            index=idx,
+            uuid=uuid,
+            product_name=name,
+            memory_bytes=int(memory.total),
+            bdf=bdf,
+            minor=None if minor is None else int(minor),
+            brand=None if brand is None else int(brand),
+            architecture=None if arch is None else int(arch),
+            compute_capability=None if cc is None else (int(cc[0]), int(cc[1])),
+            mig_capable=self._mig_capable(h, label),
+            nvlink_version=version,
+            nvlink_active_links=len(peers),
+        )
+        profiles = self._mig_profiles(h, label) if info.mig_capable else []
+        fab = self._fabric(h, label)
+        gpus.append(info)
+        links[bdf] = peers
+        if profiles:
+            migs[bdf] = profiles
+        if fab is not None:
+            fabrics[bdf] = fab
+
+    def _lost_devices(self, failed: list[_Failed], healthy: set[str]) -> list[Device]:
+        """Devices for GPUs NVML could not read, named as before (this process) or from the driver's procfs.
+
+        A GPU whose BDF is unknown (even its PCI info failed) is one of the NVIDIA GPUs in sysfs that NVML
+        did not read; that is used only when it is unambiguous (as many such GPUs as such failures).
+        """
+        if not failed:
+            return []
+        by_bdf = {f.bdf: f for f in failed if f.bdf is not None}
+        unnamed = [f for f in failed if f.bdf is None]
+        rest = [b for b in self.sysfs.nvidia_gpus() if b not in healthy and b not in by_bdf]
+        if unnamed and len(rest) == len(unnamed):
+            by_bdf.update({b: f for b, f in zip(rest, unnamed, strict=True)})
+        elif unnamed:
+            log.error("node %s: %d GPU(s) failed before their PCI address was read and sysfs has %d other NVIDIA "
+                      "GPU(s); they are not published", self.node_name, len(unnamed), len(rest))  # fmt: skip
+        out = []
+        for bdf, f in sorted(by_bdf.items()):
+            reason = f"GPU {f.index} ({bdf}): {f.reason}"
+            last = self._last_gpus.get(bdf)
+            if last is not None:
+                out.append(last.model_copy(update={"lost": reason}))
+                continue
+            info = self.sysfs.nvidia_gpu_info(bdf)
+            if not info and self.host_device_nodes and self.sysfs.root != "/":
+                # The driver's procfs is not namespaced: this container's /proc has it when --sysfs-root
+                # points at a host /sys mount only.
+                info = Sysfs("/").nvidia_gpu_info(bdf)
+            uuid, minor = info.get("GPU UUID", ""), info.get("Device Minor", "")
+            if not uuid.startswith("GPU-") or not minor.isdigit():
+                log.error("node %s %s: not published: no previous discovery and no driver procfs entry names it",
+                          self.node_name, reason)  # fmt: skip
+                continue
+            out.append(lost_gpu_device(int(minor), uuid, bdf, reason, device_nodes=self.host_device_nodes))
+        return out
 
     def _cuda_version(self) -> int | None:
         for fn_name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
@@ -327,7 +429,7 @@ class NvmlBackend:
         May be called again at any time (timer, SIGHUP, a GPU fell off the bus):
         each call re-reads the hardware, and the same hardware gives an equal list.
         """
-        system, gpus, links, fabrics, migs = self._read_nvml()
+        system, gpus, links, fabrics, migs, failed = self._read_nvml()
         gpu_bdfs = {g.bdf for g in gpus}
         switch_type = int(getattr(self.nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
         # Without a remote type, a peer that is not one of our GPUs is taken to be a switch.
@@ -368,13 +470,16 @@ class NvmlBackend:
                 rail=rails[pair.nic] if pair is not None else None,
             )
             devices.append(gpu_device(g, system, topo, device_nodes=self.host_device_nodes))
+        self._last_gpus.update({g.bdf: d for g, d in zip(gpus, devices, strict=True)})
+        devices.extend(self._lost_devices(failed, gpu_bdfs))
         devices.sort(key=lambda d: int(d.name.split("-")[1]))
         names = [d.name for d in devices]
         if len(set(names)) != len(names):
             raise DiscoveryError(f"node {self.node_name}: duplicate GPU minor numbers: {names}")
         bdf_of = {g.uuid: g.bdf for g in gpus}
         # MIG-enabled GPUs: the whole GPU consumes a counter set that its placement devices share.
-        devices = [x for d in devices for x in (partition(d, migs[bdf_of[d.uuid]]) if bdf_of[d.uuid] in migs else [d])]
+        devices = [x for d in devices
+                   for x in (partition(d, migs[bdf_of[d.uuid]]) if bdf_of.get(d.uuid) in migs else [d])]
         if self.config.share_gpu_memory:  # opt-in: whole GPUs shared by memory (consumable capacity)
             devices = [shared(d) if d.kind == "gpu" and not d.consumes_counters else d for d in devices]
         devices.extend(

@@ -52,11 +52,15 @@ def _matches(nic: RdmaNic, names: Sequence[str]) -> bool:
 def select_compute_nics(nics: Sequence[RdmaNic], config: DiscoveryConfig) -> list[RdmaNic]:
     """Compute-fabric NICs in PCI order; the rest (storage, in-band, management) are logged and dropped.
 
-    Rule: with ``computeNics`` set, exactly those.  Otherwise a NIC is excluded if
-    it is named in ``excludeNics``, if its port rate is known and below
-    ``minNicRateGbps``, or (``excludeMultiPort``) if another RDMA function shares
-    its ``sys_image_guid`` (a multi-port card: DGX storage/in-band NICs are
-    dual-port, compute NICs are one port per adapter).
+    Rule: with ``computeNics`` set, exactly those.  Otherwise SR-IOV virtual
+    functions are never compute NICs (their PF is; they belong to pods through
+    the SR-IOV device plugin), and a NIC is excluded if it is named in
+    ``excludeNics``, if its port is ACTIVE and its rate below ``minNicRateGbps``
+    (a port that is down reports a minimal rate, so its rate says nothing about
+    the NIC), or (``excludeMultiPort``) if another physical function shares its
+    ``sys_image_guid`` (a multi-port card: DGX storage/in-band NICs are dual-port,
+    compute NICs are one port per adapter).  Link state never changes the
+    result, so rails (the index in this list) stay put when a port goes down.
     """
     if config.compute_nics is not None:
         chosen = [n for n in nics if _matches(n, config.compute_nics)]
@@ -64,13 +68,17 @@ def select_compute_nics(nics: Sequence[RdmaNic], config: DiscoveryConfig) -> lis
             if n not in chosen:
                 log.info("NIC %s (%s) excluded: not listed in computeNics", n.name, n.bdf)
         return chosen
-    guids = Counter(n.sys_image_guid for n in nics if n.sys_image_guid)
-    out: list[RdmaNic] = []
     for n in nics:
+        if n.virtual_function:
+            log.info("NIC %s (%s) excluded as non-compute: an SR-IOV virtual function", n.name, n.bdf)
+    pfs = [n for n in nics if not n.virtual_function]
+    guids = Counter(n.sys_image_guid for n in pfs if n.sys_image_guid)
+    out: list[RdmaNic] = []
+    for n in pfs:
         reason = ""
         if _matches(n, config.exclude_nics):
             reason = "listed in excludeNics"
-        elif n.rate_gbps is not None and n.rate_gbps < config.min_nic_rate_gbps:
+        elif n.rate_gbps is not None and n.port_active is not False and n.rate_gbps < config.min_nic_rate_gbps:
             reason = f"port rate {n.rate_gbps} Gb/s < minNicRateGbps {config.min_nic_rate_gbps}"
         elif config.exclude_multi_port and n.sys_image_guid and guids[n.sys_image_guid] > 1:
             reason = f"multi-port adapter (sys_image_guid {n.sys_image_guid} shared)"

@@ -28,6 +28,7 @@ from topodra.hardware.facts import (
     FabricFacts,
     GpuFacts,
     LinkFacts,
+    MigProfileFacts,
     NvmlErr,
     NvmlFacts,
     PciFacts,
@@ -142,6 +143,31 @@ def _links(nvml: Any, h: Any) -> list[LinkFacts] | NvmlErr:
     return links
 
 
+def _mig_profiles(nvml: Any, h: Any, mode: Any) -> list[MigProfileFacts]:
+    """GPU-instance profiles and their placements, as NVML answers them while MIG mode is on."""
+    if isinstance(mode, NvmlErr) or int(mode[0]) != int(getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)):
+        return []
+    out: list[MigProfileFacts] = []
+    for index in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12))):
+        info = _ask(nvml, "nvmlDeviceGetGpuInstanceProfileInfo", h, index)
+        if isinstance(info, NvmlErr):
+            continue  # NotSupported / InvalidArgument: no such profile on this GPU
+        arr = (nvml.c_nvmlGpuInstancePlacement_t * 16)()
+        count = ctypes.c_uint(16)
+        r = _ask(nvml, "nvmlDeviceGetGpuInstancePossiblePlacements", h, info.id, arr, ctypes.byref(count))
+        placements = [] if isinstance(r, NvmlErr) else [(int(arr[i].start), int(arr[i].size))
+                                                         for i in range(count.value)]
+        raw = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+        out.append(MigProfileFacts(
+            index=index, id=int(info.id), name=raw.removeprefix("MIG ").strip(), sliceCount=int(info.sliceCount),
+            instanceCount=int(info.instanceCount), multiprocessorCount=int(info.multiprocessorCount),
+            memorySizeMB=int(info.memorySizeMB), copyEngineCount=int(info.copyEngineCount),
+            decoderCount=int(info.decoderCount), encoderCount=int(info.encoderCount),
+            jpegCount=int(info.jpegCount), ofaCount=int(info.ofaCount), placements=placements,
+        ))  # fmt: skip
+    return out
+
+
 def capture_nvml(nvml: Any) -> NvmlFacts:
     """Record every NVML answer the discovery backend asks for."""
     init = _ask(nvml, "nvmlInit")
@@ -150,8 +176,12 @@ def capture_nvml(nvml: Any) -> NvmlFacts:
     try:
         gpus: list[GpuFacts] = []
         for idx in range(int(nvml.nvmlDeviceGetCount())):
-            h = nvml.nvmlDeviceGetHandleByIndex(idx)
+            h = _ask(nvml, "nvmlDeviceGetHandleByIndex", idx)
+            if isinstance(h, NvmlErr):  # a lost GPU: recorded as NVML answers it, so a replay fails it alike
+                gpus.append(GpuFacts(uuid=h, name=h, memoryTotal=h, pci=h, minor=h))
+                continue
             pci = _ask(nvml, "nvmlDeviceGetPciInfo", h)
+            mig_mode = _ask(nvml, "nvmlDeviceGetMigMode", h)
             gpus.append(
                 GpuFacts(
                     uuid=_conv(_ask(nvml, "nvmlDeviceGetUUID", h), str),
@@ -162,7 +192,8 @@ def capture_nvml(nvml: Any) -> NvmlFacts:
                     brand=_conv(_ask(nvml, "nvmlDeviceGetBrand", h), int),
                     architecture=_conv(_ask(nvml, "nvmlDeviceGetArchitecture", h), int),
                     computeCapability=_conv(_ask(nvml, "nvmlDeviceGetCudaComputeCapability", h), tuple),
-                    migMode=_conv(_ask(nvml, "nvmlDeviceGetMigMode", h), tuple),
+                    migMode=_conv(mig_mode, tuple),
+                    migProfiles=_mig_profiles(nvml, h, mig_mode),
                     numaNodeId=_conv(_ask(nvml, "nvmlDeviceGetNumaNodeId", h), int),
                     nvlinks=_links(nvml, h),
                     fabric=_fabric(nvml, h),

@@ -52,6 +52,14 @@ class RdmaNic:
     sys_image_guid: str | None
     node_guid: str | None
     uverbs: str | None  # e.g. "uverbs0" -> /dev/infiniband/uverbs0
+    virtual_function: bool = False  # an SR-IOV VF (``device/physfn`` exists): it reports its PF's sys_image_guid
+
+    @property
+    def port_active(self) -> bool | None:
+        """Port 1 is ACTIVE (its ``rate`` is the negotiated speed); None when the state is unknown."""
+        if self.state is None:
+            return None
+        return self.state.partition(":")[2].strip().upper() in ("ACTIVE", "ACTIVE_DEFER")
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -114,6 +122,34 @@ class Sysfs:
             return None
         cpu = min(cpus)
         return self._read_int(f"sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id", "socket")
+
+    def nvidia_gpus(self) -> list[str]:
+        """BDFs of the NVIDIA display/3D-class PCI functions (vendor 0x10de, class 0x03xxxx), sorted."""
+        base = self.path("sys/bus/pci/devices")
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            return []
+        out = []
+        for bdf in names:
+            vendor = self.read(os.path.join(base, bdf, "vendor"))
+            pci_class = self.read(os.path.join(base, bdf, "class"))
+            if BDF.match(bdf) and vendor == "0x10de" and pci_class is not None and pci_class.startswith("0x03"):
+                out.append(bdf)
+        return out
+
+    def nvidia_gpu_info(self, bdf: str) -> dict[str, str]:
+        """The NVIDIA driver's ``/proc/driver/nvidia/gpus/<bdf>/information`` ("GPU UUID", "Device Minor", ...).
+
+        The kernel driver answers it even when NVML calls fail for the GPU; {} when it is absent.
+        """
+        text = self.read(f"proc/driver/nvidia/gpus/{bdf}/information")
+        out: dict[str, str] = {}
+        for line in (text or "").splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                out[key.strip()] = value.strip()
+        return out
 
     def pci_location(self, bdf: str) -> PciLocation | None:
         """Resolve ``/sys/bus/pci/devices/<bdf>``; None if the device is not there."""
@@ -190,6 +226,7 @@ class Sysfs:
                     sys_image_guid=self.read(os.path.join(base, name, "sys_image_guid")),
                     node_guid=self.read(os.path.join(base, name, "node_guid")),
                     uverbs=verbs[0] if verbs else None,
+                    virtual_function=os.path.lexists(os.path.join(real, "physfn")),
                 )
             )
         return sorted(nics, key=lambda n: (n.bdf, n.name))

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from topodra.devices import Device
 from topodra.health.policy import DEFAULT_HOLD_SECONDS, DeviceState, DeviceTaint, HealthPolicy, Observation
-from topodra.health.sources import nvlink_domains
+from topodra.health.sources import mig_parents, nvlink_domains
 from topodra.inventory import Inventory
 
 log = logging.getLogger(__name__)
@@ -50,10 +50,10 @@ class HealthMonitor:
 
     def __init__(self, inventory: Inventory, sources: SourceFactory, *,
                  hold_seconds: float = DEFAULT_HOLD_SECONDS, poll_interval: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, no_execute: Iterable[str] = ()) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
-        self.policy = HealthPolicy(hold_seconds)
+        self.policy = HealthPolicy(hold_seconds, no_execute)
         self.poll_interval = poll_interval
         self._factory = sources
         self._clock = clock
@@ -66,6 +66,8 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_poll = 0.0
+        self._events_seen = 0  # observations the last wait_events returned
+        self._polled = False  # the current source has polled at least once
         inventory.subscribe(self._devices_changed)
 
     # ----- wiring
@@ -110,11 +112,13 @@ class HealthMonitor:
         if self._source is not None:
             self._source.close()
         self.policy.set_domains(nvlink_domains(devices))
+        self.policy.set_parents(mig_parents(devices))
         self.policy.forget(d.name for d in devices)
         source = self._factory(devices)
         source.open()
         self._source = source
         self._next_poll = 0.0
+        self._polled = False
 
     def step(self, wait: float = 0.0) -> bool:
         """Wait up to ``wait`` s for events, poll if due, apply the policy; True if the result changed."""
@@ -122,14 +126,21 @@ class HealthMonitor:
             self._reopen()
         assert self._source is not None
         observations = list(self._source.wait_events(wait))
+        self._events_seen = len(observations)
         now = self._clock()
         if now >= self._next_poll:
             observations.extend(self._source.poll())
             self._next_poll = now + self.poll_interval
+            self._polled = True
         return self._apply(observations, now)
 
     def _apply(self, observations: Iterable[Observation], now: float) -> bool:
-        obs = list(observations)
+        with self._lock:
+            # A GPU discovery could not read is lost until the source's first poll says how it is now, so it is
+            # never published untainted; from then on the source's own poll is the signal (a GPU that answers
+            # again is not held lost until the next re-discovery).
+            lost = [] if self._polled else [Observation(d.name, "gpu-lost", d.lost) for d in self._devices if d.lost]
+        obs = [*observations, *lost]
         for o in obs:
             log.debug("health signal device=%s kind=%s detail=%s", o.device, o.kind, o.detail)
         self.policy.observe(obs, now)
@@ -169,11 +180,17 @@ class HealthMonitor:
         # Short waits: expiry and stop are checked at least this often, events still arrive at once.
         wait = min(self.poll_interval, 1.0)
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 self.step(wait)
             except Exception:
                 log.exception("health monitor round failed; retrying")
                 self._stop.wait(wait)
+                continue
+            # A source whose wait returned early with nothing (NVML failing fast) must not make this loop spin.
+            left = wait - (time.monotonic() - started)
+            if self._events_seen == 0 and left > 0:
+                self._stop.wait(left)
 
 
 def _log_changes(old: HealthSnapshot, new: HealthSnapshot) -> None:

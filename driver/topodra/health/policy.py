@@ -2,13 +2,20 @@
 
 A source reports ``Observation``s: one-shot events (an XID, an ECC error) or
 level states seen at a poll (GPU lost, NVLink links down, NIC port down, clock
-throttling).  ``classify`` maps each to a ``Condition`` — a device taint with an
-effect — or to nothing (application XIDs such as 13, 31, 43, 45).
-``HealthPolicy`` keeps every condition until ``hold_seconds`` have passed
-without the signal being seen again: a level signal is re-seen at every poll
-while it lasts, so its taint ends ``hold`` after recovery; an event's taint ends
-``hold`` after the last event.  That hysteresis keeps a flapping link from
-flapping the ResourceSlice, and clearing needs no restart.
+throttling, the GPU's recovery action).  ``classify`` maps each to a ``Condition``
+— a device taint with an effect — or to nothing (application XIDs such as 13,
+31, 43, 45).  ``HealthPolicy`` keeps every condition until ``hold_seconds`` have
+passed without the signal being seen again: a level signal is re-seen at every
+poll while it lasts, so its taint ends ``hold`` after recovery; an event's taint
+ends ``hold`` after the last event.  That hysteresis keeps a flapping link from
+flapping the ResourceSlice, and clearing needs no restart.  The taint of an XID
+that needs a GPU reset is held, beyond that, while NVML's recovery action
+(``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``) says the GPU still needs one: time
+alone does not repair a GPU.
+
+Effects follow NVIDIA's DRA driver (``device_health.go``): every XID that is not
+an application error is ``NoSchedule``, so nothing is evicted unless the
+operator opts in per condition (``no_execute``, e.g. ``{"79", "gpu-lost"}``).
 
 docs/health.md is the table of signals and effects; keep them in step.
 """
@@ -29,8 +36,11 @@ ECC_KEY = f"{GPU_DOMAIN}/ecc"
 GPU_LOST_KEY = f"{GPU_DOMAIN}/gpu-lost"
 NVLINK_KEY = f"{GPU_DOMAIN}/nvlink-degraded"
 THROTTLE_KEY = f"{GPU_DOMAIN}/clock-throttled"
+RECOVERY_KEY = f"{GPU_DOMAIN}/recovery-action"
 NIC_DOWN_KEY = f"{NIC_DOMAIN}/link-down"
-OWN_KEYS = frozenset({XID_KEY, ECC_KEY, GPU_LOST_KEY, NVLINK_KEY, THROTTLE_KEY, NIC_DOWN_KEY})
+# ECC_KEY stays ours although ECC event types no longer taint: taints published by older versions are adopted
+# and expire instead of being left behind.
+OWN_KEYS = frozenset({XID_KEY, ECC_KEY, GPU_LOST_KEY, NVLINK_KEY, THROTTLE_KEY, RECOVERY_KEY, NIC_DOWN_KEY})
 DEFAULT_HOLD_SECONDS = 300.0
 MAX_TAINTS_PER_DEVICE = 16  # resource.k8s.io/v1 limit
 
@@ -52,10 +62,14 @@ BLOCKING = frozenset({Effect.NO_SCHEDULE, Effect.NO_EXECUTE})
 class XidRule:
     effect: Effect | None  # None: an application error, no taint
     why: str
+    reset: bool = False  # the GPU needs a reset: the taint is held while the recovery action is not NONE
 
 
-# Sources: NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket (Immediate Action)")
-# and the A100/H100 memory-error-management guide.  RESTART_APP → no taint; RESET_GPU / reboot → NoExecute.
+_NS = Effect.NO_SCHEDULE
+# Which XIDs taint: NVIDIA's DRA driver and device plugin skip exactly the application XIDs (13, 31, 43, 45,
+# 68, 109) and treat every other code as a device fault; DRA's taint is NoSchedule.  Why each code matters and
+# which need a reset: NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Resolution Bucket") and the
+# A100/H100 memory-error-management guide.  63 stays informational: the catalog says no action is needed.
 XID_RULES: Mapping[int, XidRule] = {
     13: XidRule(None, "graphics engine exception: an application fault"),
     31: XidRule(None, "GPU memory page fault: an application fault (bad address)"),
@@ -63,22 +77,25 @@ XID_RULES: Mapping[int, XidRule] = {
     45: XidRule(None, "preemptive cleanup after an earlier error: follows the application's exit"),
     68: XidRule(None, "video decoder (NVDEC) exception: the application's stream"),
     109: XidRule(None, "context switch timeout: the application's context"),
-    48: XidRule(Effect.NO_EXECUTE, "double-bit ECC error: data in GPU memory is corrupt"),
-    62: XidRule(Effect.NO_EXECUTE, "internal micro-controller halt: GPU reset needed"),
+    48: XidRule(_NS, "double-bit ECC error: data in GPU memory is corrupt", reset=True),
+    62: XidRule(_NS, "internal micro-controller halt: GPU reset needed", reset=True),
     63: XidRule(Effect.NONE, "row remapping recorded: applied at the next reset; running and new work is safe"),
-    64: XidRule(Effect.NO_SCHEDULE, "row remapping failed: the GPU is at its repair limit, drain it"),
-    74: XidRule(Effect.NO_EXECUTE, "NVLink error: the link needs a GPU reset; collectives over it fail or hang"),
-    79: XidRule(Effect.NO_EXECUTE, "GPU has fallen off the bus"),
-    92: XidRule(Effect.NO_SCHEDULE, "high single-bit ECC error rate: a failing memory, drain it"),
-    94: XidRule(Effect.NO_SCHEDULE, "contained ECC error: the hit application was stopped, the GPU needs a reset "
-                "to retire the page; other work continues"),
-    95: XidRule(Effect.NO_EXECUTE, "uncontained ECC error: every application on the GPU is affected"),
-    119: XidRule(Effect.NO_EXECUTE, "GSP RPC timeout: the GPU's system processor stopped answering"),
-    120: XidRule(Effect.NO_EXECUTE, "GSP error: the GPU's system processor failed"),
-    140: XidRule(Effect.NO_EXECUTE, "unrecovered ECC error: GPU reset needed"),
-    154: XidRule(Effect.NO_EXECUTE, "GPU recovery action changed: the driver asks for a reset or reboot"),
+    64: XidRule(_NS, "row remapping failed: the GPU is at its repair limit, drain it"),
+    74: XidRule(_NS, "NVLink error: the link needs a GPU reset; collectives over it fail or hang", reset=True),
+    79: XidRule(_NS, "GPU has fallen off the bus"),
+    92: XidRule(_NS, "high single-bit ECC error rate: a failing memory, drain it"),
+    94: XidRule(_NS, "contained ECC error: the hit application was stopped and the page is offlined; new work "
+                "can start without a reset"),
+    95: XidRule(_NS, "uncontained ECC error: every application on the GPU is affected", reset=True),
+    119: XidRule(_NS, "GSP RPC timeout: the GPU's system processor stopped answering", reset=True),
+    120: XidRule(_NS, "GSP error: the GPU's system processor failed", reset=True),
+    140: XidRule(_NS, "unrecovered ECC error: GPU reset needed", reset=True),
+    154: XidRule(Effect.NONE, "GPU recovery action changed: the action itself is read from NVML "
+                 "(gpu.topodra.io/recovery-action)", reset=True),
 }
 UNKNOWN_XID = XidRule(Effect.NO_SCHEDULE, "an XID not in topodra's table: no new work until it has been quiet")
+# Besides XID codes, the conditions an operator can make evict (``--health-no-execute``).
+NO_EXECUTE_NAMES = frozenset({"gpu-lost", "recovery-action"})
 
 # Clock-event reasons that mean the hardware itself is slowing the GPU (not a power cap or idling).
 HW_THROTTLE_REASONS: Mapping[int, str] = {
@@ -87,7 +104,14 @@ HW_THROTTLE_REASONS: Mapping[int, str] = {
     0x80: "HwPowerBrakeSlowdown",
 }
 
-Kind = Literal["xid", "ecc-dbe", "ecc-sbe", "gpu-lost", "nvlink-down", "nic-down", "throttle"]
+# nvmlGpuRecoveryAction_t (nvml.h NVML_GPU_RECOVERY_ACTION_*): the value of NVML_FI_DEV_GET_GPU_RECOVERY_ACTION.
+RECOVERY_ACTIONS: Mapping[int, str] = {
+    0: "none", 1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset", 5: "recover-imex-domain",
+    6: "bus-reset", 7: "system-reboot",
+}
+RECOVERY_NONE = "none"
+
+Kind = Literal["xid", "ecc-dbe", "ecc-sbe", "gpu-lost", "nvlink-down", "nic-down", "throttle", "recovery"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +120,7 @@ class Observation:
 
     device: str
     kind: Kind
-    detail: str = ""  # XID code, down link numbers, port state, throttle reason names
+    detail: str = ""  # XID code, down link numbers, port state, throttle reason names, recovery action
 
 
 @dataclass(frozen=True)
@@ -145,23 +169,49 @@ def label_value(text: str) -> str:
     return _LABEL_VALUE_BAD.sub("-", text).strip("-_.")[:63].strip("-_.")
 
 
-def classify(obs: Observation) -> Condition | None:
-    """The taint one observation asks for, or None when it must not taint."""
+def xid_code(obs: Observation) -> int:
+    try:
+        return int(obs.detail)
+    except ValueError:
+        raise ValueError(f"XID observation on {obs.device} needs a numeric code, got {obs.detail!r}") from None
+
+
+def needs_reset(cond: Condition) -> bool:
+    """True for the taint of an XID that needs a GPU reset (held while the recovery action is not NONE)."""
+    return cond.key == XID_KEY and cond.value.isdigit() and XID_RULES.get(int(cond.value), UNKNOWN_XID).reset
+
+
+def _escalate(cond: Condition, name: str, no_execute: frozenset[str]) -> Condition:
+    """NoExecute instead of NoSchedule where the operator opted in for this condition (XID code or kind)."""
+    if cond.effect == Effect.NO_SCHEDULE and name in no_execute:
+        return Condition(cond.key, cond.value, Effect.NO_EXECUTE, cond.message)
+    return cond
+
+
+def classify(obs: Observation, no_execute: frozenset[str] = frozenset()) -> Condition | None:
+    """The taint one observation asks for, or None when it must not taint.
+
+    ``no_execute`` names the conditions that evict (XID codes such as "79", or "gpu-lost", "recovery-action").
+    """
     if obs.kind == "xid":
-        try:
-            code = int(obs.detail)
-        except ValueError:
-            raise ValueError(f"XID observation on {obs.device} needs a numeric code, got {obs.detail!r}") from None
+        code = xid_code(obs)
         rule = XID_RULES.get(code, UNKNOWN_XID)
         if rule.effect is None:
             return None
-        return Condition(XID_KEY, str(code), rule.effect, f"XID {code}: {rule.why}")
-    if obs.kind == "ecc-dbe":
-        return Condition(ECC_KEY, "double-bit", Effect.NO_EXECUTE, "double-bit (uncorrectable) ECC error")
-    if obs.kind == "ecc-sbe":
-        return Condition(ECC_KEY, "single-bit", Effect.NONE, "single-bit ECC error (corrected)")
+        return _escalate(Condition(XID_KEY, str(code), rule.effect, f"XID {code}: {rule.why}"), str(code),
+                         no_execute)
+    if obs.kind in ("ecc-dbe", "ecc-sbe"):
+        # As NVIDIA's DRA driver and device plugin: only XID events taint.  A double-bit error arrives as
+        # XID 48 (or 94/95 on A100+), a high single-bit rate as XID 92.
+        return None
+    if obs.kind == "recovery":
+        if obs.detail == RECOVERY_NONE:
+            return None
+        return _escalate(Condition(RECOVERY_KEY, label_value(obs.detail), Effect.NO_SCHEDULE,
+                                   f"NVML recovery action: {obs.detail}"), "recovery-action", no_execute)
     if obs.kind == "gpu-lost":
-        return Condition(GPU_LOST_KEY, "", Effect.NO_EXECUTE, f"GPU is lost (NVML_ERROR_GPU_IS_LOST){_sep(obs)}")
+        return _escalate(Condition(GPU_LOST_KEY, "", Effect.NO_SCHEDULE,
+                                   f"GPU is lost (NVML_ERROR_GPU_IS_LOST){_sep(obs)}"), "gpu-lost", no_execute)
     if obs.kind == "nvlink-down":
         return Condition(NVLINK_KEY, "link-down", Effect.NO_SCHEDULE, f"NVLink link(s) down: {obs.detail}")
     if obs.kind == "nic-down":
@@ -194,12 +244,23 @@ class DeviceState:
 class HealthPolicy:
     """Conditions per device with hysteresis; not thread-safe (the monitor owns it)."""
 
-    def __init__(self, hold_seconds: float = DEFAULT_HOLD_SECONDS) -> None:
+    def __init__(self, hold_seconds: float = DEFAULT_HOLD_SECONDS, no_execute: Iterable[str] = ()) -> None:
         if hold_seconds < 0:
             raise ValueError(f"hold_seconds must be >= 0, got {hold_seconds}")
         self.hold_seconds = hold_seconds
+        self.no_execute = frozenset(no_execute)
+        bad = sorted(n for n in self.no_execute if not (n.isdigit() or n in NO_EXECUTE_NAMES))
+        if bad:
+            raise ValueError(f"no_execute names XID codes or {sorted(NO_EXECUTE_NAMES)}, got {bad}")
         self._active: dict[tuple[str, str, Effect], _Active] = {}
         self._domains: dict[str, str] = {}  # GPU -> NVLink domain
+        self._parents: dict[str, str] = {}  # MIG device -> its GPU
+        # GPU -> its last read recovery action needs a reset (True), does not (False); absent: never read.
+        self._reset_pending: dict[str, bool] = {}
+
+    def set_parents(self, parents: Mapping[str, str]) -> None:
+        """MIG device name → parent GPU name: a MIG device's reset-class taint follows its GPU's recovery action."""
+        self._parents = dict(parents)
 
     def set_domains(self, domains: Mapping[str, str]) -> None:
         """GPU name → NVLink domain: a GPU with a down link marks its domain's other GPUs as degraded."""
@@ -207,7 +268,13 @@ class HealthPolicy:
 
     def observe(self, observations: Iterable[Observation], now: float) -> None:
         for obs in observations:
-            cond = classify(obs)
+            if obs.kind == "recovery":
+                self._reset_pending[obs.device] = obs.detail != RECOVERY_NONE
+                if obs.detail == RECOVERY_NONE:
+                    # The driver itself says no action is needed (after the reset): no hysteresis to wait out.
+                    for slot in [x for x in self._active if x[0] == obs.device and x[1] == RECOVERY_KEY]:
+                        del self._active[slot]
+            cond = classify(obs, self.no_execute)
             if cond is not None:
                 self._raise(obs.device, cond, now)
             if obs.kind == "nvlink-down" and obs.device in self._domains:
@@ -238,9 +305,17 @@ class HealthPolicy:
                 cond = Condition(t.key, t.value, t.effect, f"{t.text} (published before the plugin restarted)")
                 self._active.setdefault((device, t.key, t.effect), _Active(cond, t.time_added, now))
 
+    def _held_for_reset(self, device: str, cond: Condition) -> bool:
+        """A reset-class taint stays while NVML's recovery action for the GPU is not NONE.
+
+        Never read (an NVML without the field, before R550): time alone clears it, as before; docs/health.md.
+        """
+        return needs_reset(cond) and self._reset_pending.get(self._parents.get(device, device), False)
+
     def expire(self, now: float) -> bool:
-        """Drop conditions not seen for ``hold_seconds``; True if any went."""
-        gone = [s for s, a in self._active.items() if now - a.last_seen >= self.hold_seconds]
+        """Drop conditions not seen for ``hold_seconds`` (reset-class: and recovery NONE); True if any went."""
+        gone = [s for s, a in self._active.items()
+                if now - a.last_seen >= self.hold_seconds and not self._held_for_reset(s[0], a.condition)]
         for s in gone:
             del self._active[s]
         return bool(gone)

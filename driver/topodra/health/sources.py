@@ -13,20 +13,26 @@ import contextlib
 import ctypes
 import logging
 import os
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from topodra.devices import Device
 from topodra.hardware.sysfs import Sysfs
-from topodra.health.policy import HW_THROTTLE_REASONS, Observation
+from topodra.health.policy import HW_THROTTLE_REASONS, RECOVERY_ACTIONS, Observation
 
 log = logging.getLogger(__name__)
 
 # nvmlEventType* bits (same numbers in every binding): single-bit ECC, double-bit ECC, XID.
 EVENT_SBE, EVENT_DBE, EVENT_XID = 0x1, 0x2, 0x8
 MAX_EVENTS_PER_WAIT = 256  # a storm is drained in bounded batches
+# nvmlEventData_t gpuInstanceId / computeInstanceId of an event about the whole GPU (nvml.h).
+WHOLE_GPU_ID = 0xFFFFFFFF
+XID_RECOVERY_CHANGED = 154
+# nvml.h NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (pynvml has the same number; older bindings lack the name).
+FI_GPU_RECOVERY_ACTION = 230
 
 
 @dataclass
@@ -37,12 +43,31 @@ class GpuTarget:
     handle: Any = None
     links_seen_up: set[int] = field(default_factory=set)  # links ever active: only those can go "down"
     links_up_now: set[int] | None = None  # at the last poll; None: not read (no domain, GPU lost)
+    reset_pending: bool = False  # NVML's recovery action was not NONE at the last read
+    lost_at_discovery: bool = False  # discovery could not read it: unreachable now means lost, whatever the error
 
 
 @dataclass(frozen=True)
 class NicTarget:
     name: str
     rdma: str
+
+
+def mig_devices(devices: Iterable[Device]) -> dict[tuple[str, int, int], str]:
+    """(parent GPU name, GPU-instance profile id, placement start) → MIG placement device name."""
+    out: dict[tuple[str, int, int], str] = {}
+    for d in devices:
+        a = d.attributes
+        if d.kind == "mig" and {"parentDevice", "migProfileID", "placementStart"} <= set(a):
+            key = (str(a["parentDevice"].value), int(a["migProfileID"].value), int(a["placementStart"].value))
+            out[key] = d.name
+    return out
+
+
+def mig_parents(devices: Iterable[Device]) -> dict[str, str]:
+    """MIG device name → parent GPU name."""
+    return {d.name: str(d.attributes["parentDevice"].value) for d in devices
+            if d.kind == "mig" and "parentDevice" in d.attributes}
 
 
 def targets(devices: Iterable[Device]) -> tuple[list[GpuTarget], list[NicTarget]]:
@@ -52,7 +77,8 @@ def targets(devices: Iterable[Device]) -> tuple[list[GpuTarget], list[NicTarget]
         attrs = {k: v.value for k, v in d.attributes.items()}
         if d.kind == "gpu" and isinstance(attrs.get("uuid"), str):
             domain = attrs.get("nvlinkDomain")
-            gpus.append(GpuTarget(d.name, str(attrs["uuid"]), str(domain) if domain else None))
+            gpus.append(GpuTarget(d.name, str(attrs["uuid"]), str(domain) if domain else None,
+                                  lost_at_discovery=bool(d.lost)))
         elif d.kind == "nic" and isinstance(attrs.get("rdmaDevice"), str):
             nics.append(NicTarget(d.name, str(attrs["rdmaDevice"])))
     return gpus, nics
@@ -78,13 +104,18 @@ def _handle_key(h: Any) -> Any:
 class NodeHealthSource:
     """One node's signals; ``open()`` once, then ``wait_events`` and ``poll`` from one thread."""
 
-    def __init__(self, nvml: Any, sysfs: Sysfs, devices: Iterable[Device]) -> None:
+    def __init__(self, nvml: Any, sysfs: Sysfs, devices: Iterable[Device],
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        devices = list(devices)
         self.nvml = nvml
         self.sysfs = sysfs
         self.gpus, self.nics = targets(devices)
+        self._migs = mig_devices(devices)
         self._event_set: Any = None
         self._by_handle: dict[Any, str] = {}
         self._initialized = False
+        self._sleep = sleep
+        self._recovery_unread: set[str] = set()  # GPUs whose recovery action was found unreadable (logged once)
 
     # -- NVML helpers
 
@@ -150,37 +181,94 @@ class NodeHealthSource:
     # -- events
 
     def wait_events(self, timeout: float) -> list[Observation]:
-        """Events that arrive within ``timeout`` seconds (returns as soon as some did), then any queued ones."""
+        """Events that arrive within ``timeout`` seconds (returns as soon as some did), then any queued ones.
+
+        Never returns early without an event: when the wait fails at once (``nvmlEventSetWait_v2`` answers
+        GPU_IS_LOST immediately, at every call, while a registered GPU is lost), the rest of ``timeout`` is
+        slept, so the monitor's loop cannot spin.  A lost GPU is reported at once.
+        """
         if self._event_set is None:
+            if timeout > 0:
+                self._sleep(timeout)
             return []
         out: list[Observation] = []
+        start = time.monotonic()
         wait_ms = max(0, int(timeout * 1000))
         while len(out) < MAX_EVENTS_PER_WAIT:
             try:
                 ev = self.nvml.nvmlEventSetWait_v2(self._event_set, wait_ms)
             except self.nvml.NVMLError as e:
-                if not self._is(e, "Timeout"):
-                    # GPU lost and friends: the next poll reports them; do not spin on the error.
-                    log.debug("health: NVML event wait: %s", e)
+                if wait_ms == 0 or self._is(e, "Timeout"):
+                    break
+                log.debug("health: NVML event wait failed: %s", e)
+                if self._lost(e):
+                    out.extend(self._lost_gpus())
+                left = timeout - (time.monotonic() - start)
+                if left > 0:
+                    self._sleep(left)
                 break
             wait_ms = 0
-            obs = self._event(ev)
-            if obs is not None:
-                out.append(obs)
+            out.extend(self._event(ev))
         return out
 
-    def _event(self, ev: Any) -> Observation | None:
+    def _lost_gpus(self) -> list[Observation]:
+        """The GPUs that answer GPU_IS_LOST now (the event wait does not say which one it is)."""
+        out = []
+        for g in self.gpus:
+            if g.handle is None:
+                lost = self._gone(g)
+            else:
+                try:
+                    self.nvml.nvmlDeviceGetUUID(g.handle)
+                    lost = False
+                except self.nvml.NVMLError as e:
+                    lost = self._lost(e)
+            if lost:
+                out.append(Observation(g.name, "gpu-lost"))
+        return out
+
+    def _event(self, ev: Any) -> list[Observation]:
         name = self._by_handle.get(_handle_key(ev.device))
         if name is None:
-            return None
+            return []
         kind = int(ev.eventType)
         if kind & EVENT_XID:
-            return Observation(name, "xid", str(int(ev.eventData)))
+            code = int(ev.eventData)
+            device = self._instance_device(name, ev)
+            if device is None:
+                return []
+            out = [Observation(device, "xid", str(code))]
+            if code == XID_RECOVERY_CHANGED:  # read the new action now, not at the next poll
+                g = next(g for g in self.gpus if g.name == name)
+                out.extend(self._recovery(g))
+            return out
         if kind & EVENT_DBE:
-            return Observation(name, "ecc-dbe")
+            return [Observation(name, "ecc-dbe")]
         if kind & EVENT_SBE:
-            return Observation(name, "ecc-sbe")
-        return None
+            return [Observation(name, "ecc-sbe")]
+        return []
+
+    def _instance_device(self, gpu: str, ev: Any) -> str | None:
+        """The device an event is about: the GPU, or the MIG device of the event's GPU instance.
+
+        nvmlEventData_t carries gpuInstanceId/computeInstanceId; 0xFFFFFFFF means the whole GPU.  A GPU
+        instance is found by its profile and placement (nvmlGpuInstanceGetInfo), which name the device.
+        """
+        gi = int(getattr(ev, "gpuInstanceId", WHOLE_GPU_ID))
+        if gi == WHOLE_GPU_ID:
+            return gpu
+        try:
+            info = self.nvml.nvmlGpuInstanceGetInfo(self.nvml.nvmlDeviceGetGpuInstanceById(ev.device, gi))
+            key = (gpu, int(info.profileId), int(info.placement.start))
+        except (self.nvml.NVMLError, AttributeError) as e:
+            log.warning("health: %s: XID %d in GPU instance %d, which cannot be read (%s); ignored",
+                        gpu, int(ev.eventData), gi, e)
+            return None
+        name = self._migs.get(key)
+        if name is None:
+            log.warning("health: %s: XID %d in GPU instance %d (profile %d, start %d), which is not a device "
+                        "topodra publishes; ignored", gpu, int(ev.eventData), gi, key[1], key[2])
+        return name
 
     # -- polled state
 
@@ -219,9 +307,37 @@ class NodeHealthSource:
                     out.append(Observation(g.name, "nvlink-down", ",".join(map(str, sorted(down)))))
         return out
 
+    def _recovery(self, g: GpuTarget) -> list[Observation]:
+        """NVML's recovery action for the GPU as a level observation; [] when it cannot be read."""
+        fn = getattr(self.nvml, "nvmlDeviceGetFieldValues", None)
+        if fn is None or g.handle is None:
+            return []
+        field_id = int(getattr(self.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", FI_GPU_RECOVERY_ACTION))
+        try:
+            value = fn(g.handle, [field_id])[0]
+            ret = int(value.nvmlReturn)
+            if ret != int(getattr(self.nvml, "NVML_SUCCESS", 0)):
+                raise self.nvml.NVMLError(ret)
+        except self.nvml.NVMLError as e:
+            if self._lost(e):
+                return [Observation(g.name, "gpu-lost")]
+            if g.name not in self._recovery_unread:
+                self._recovery_unread.add(g.name)
+                log.info("health: %s: NVML recovery action unreadable (%s); reset-class taints clear by time only",
+                         g.name, e)
+            return []
+        action = int(value.value.uiVal)
+        # A pending action is seen at every poll (a level signal); NONE only when it changes back to NONE,
+        # since never-read and NONE mean the same to the policy.
+        was_pending, g.reset_pending = g.reset_pending, action != 0
+        if action == 0 and not was_pending:
+            return []
+        return [Observation(g.name, "recovery", RECOVERY_ACTIONS.get(action, f"action-{action}"))]
+
     def _poll_gpu(self, g: GpuTarget) -> list[Observation]:
         if not self._resolve(g):
-            return [Observation(g.name, "gpu-lost", "no NVML handle")] if self._gone(g) else []
+            lost = g.lost_at_discovery or self._gone(g)
+            return [Observation(g.name, "gpu-lost", "no NVML handle")] if lost else []
         out: list[Observation] = []
         try:
             reasons = self._throttle_reasons(g.handle)
@@ -229,6 +345,10 @@ class NodeHealthSource:
             if self._lost(e):
                 return [Observation(g.name, "gpu-lost")]
             reasons = None
+        recovery = self._recovery(g)
+        if any(o.kind == "gpu-lost" for o in recovery):
+            return recovery
+        out.extend(recovery)
         if reasons:
             names = [n for bit, n in sorted(HW_THROTTLE_REASONS.items()) if reasons & bit]
             if names:

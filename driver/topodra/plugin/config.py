@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.health.policy import NO_EXECUTE_NAMES
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 POD_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,62}$")
@@ -83,6 +84,8 @@ FLAGS: tuple[Flag, ...] = (
          "(default 300)", "SECONDS"),
     Flag("health_poll_interval", "seconds between polls of GPU/NVLink/NIC state; NVML events arrive at once "
          "(default 5)", "SECONDS"),
+    Flag("health_no_execute", "comma list of health conditions that evict (NoExecute instead of NoSchedule): "
+         "XID codes, gpu-lost, recovery-action (default none, as NVIDIA's DRA driver)", "LIST"),
     Flag("node_labels", "true: keep this node's topodra.io/ labels (gpu-model, gpu-count, nvlink-clique; "
          "scalable-unit and rail-group from --hardware-config's scalableUnit/railGroup) in sync with discovery; "
          "false: never write the Node (default true)", "BOOL"),
@@ -116,6 +119,7 @@ class PluginConfig(BaseModel):
     quarantine_corrupt_checkpoint: bool = False
     health_hold_seconds: float = Field(default=300.0, ge=0)
     health_poll_interval: float = Field(default=5.0, gt=0)
+    health_no_execute: tuple[str, ...] = ()
     node_labels: bool = True
 
     @model_validator(mode="before")
@@ -155,6 +159,16 @@ class PluginConfig(BaseModel):
             return str(ipaddress.ip_address(v))
         except ValueError:
             raise ValueError(f"{v!r} is not an IP address") from None
+
+    @field_validator("health_no_execute", mode="before")
+    @classmethod
+    def _no_execute(cls, v: Any) -> Any:
+        names = tuple(x.strip() for x in v.split(",") if x.strip()) if isinstance(v, str) else v
+        if isinstance(names, tuple | list):
+            bad = [n for n in names if not (str(n).isdigit() or n in NO_EXECUTE_NAMES)]
+            if bad:
+                raise ValueError(f"{bad} are not XID codes or one of {sorted(NO_EXECUTE_NAMES)}")
+        return names
 
     @field_validator("pod_uid")
     @classmethod

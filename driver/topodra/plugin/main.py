@@ -145,7 +145,8 @@ class Plugin:
             # The monitor reads NVML and sysfs through the same backend discovery builds.
             hw = self.backend()
             monitor = HealthMonitor(inventory, lambda devices: NodeHealthSource(hw.nvml, hw.sysfs, devices),
-                                    hold_seconds=cfg.health_hold_seconds, poll_interval=cfg.health_poll_interval)
+                                    hold_seconds=cfg.health_hold_seconds, poll_interval=cfg.health_poll_interval,
+                                    no_execute=cfg.health_no_execute)
             monitor.subscribe(board.health_changed)
             self.monitor = monitor
             try:  # a restart must not forget what the previous instance tainted
