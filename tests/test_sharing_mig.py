@@ -79,9 +79,14 @@ def test_create_destroy_with_nvml_error_semantics() -> None:
     with pytest.raises(pynvml.NVMLError) as e:  # a free placement, but 3 + 4 x 1 compute slices are all used
         n.nvmlDeviceCreateGpuInstanceWithPlacement(h, 15, _place(0, 2))
     assert _code(e) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    ci = n.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    def ci_id(index: int) -> int:  # NVML takes the profile's id, not its index (issue 19, finding 21)
+        info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, 0)
+        assert info.id != index
+        return int(info.id)
+
+    ci = n.nvmlGpuInstanceCreateComputeInstance(gi, ci_id(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE))
     with pytest.raises(pynvml.NVMLError) as e:
-        n.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+        n.nvmlGpuInstanceCreateComputeInstance(gi, ci_id(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE))
     assert _code(e) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     with pytest.raises(pynvml.NVMLError) as e:  # a GPU instance with a compute instance is in use
         n.nvmlGpuInstanceDestroy(gi)

@@ -34,6 +34,11 @@ from topodra.hardware.facts import GpuFacts, MigProfileFacts
 MIG_UUID_NAMESPACE = uuidlib.UUID("1b0f6c52-93a4-4a57-8d0e-5e2f4f1d7c21")
 # NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE index -> compute slices.
 CI_PROFILE_SLICES: dict[int, int] = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+# nvml.h: a compute-instance profileId is the id nvmlGpuInstanceGetComputeInstanceProfileInfo returns for an
+# NVML_COMPUTE_INSTANCE_PROFILE_* index, not the index itself. The fake keeps them apart (as the C stand-in
+# does) so code that passes the index where NVML wants the id fails here too (issue 19, finding 21).
+CI_PROFILE_ID_BASE = 0x20
+CI_ID_SLICES: dict[int, int] = {CI_PROFILE_ID_BASE + i: s for i, s in CI_PROFILE_SLICES.items()}
 
 
 class FakeComputeInstance(BaseModel):
@@ -335,7 +340,8 @@ class FakeMig:
             raise _err("NotSupported")
         info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t() if version == 2 \
             else pynvml.c_nvmlComputeInstanceProfileInfo_t()  # fmt: skip
-        info.id, info.sliceCount, info.instanceCount = int(profile), slices, x.slices // slices
+        info.id, info.sliceCount = CI_PROFILE_ID_BASE + int(profile), slices
+        info.instanceCount = x.slices // slices
         info.multiprocessorCount = x.multiprocessors * slices // x.slices
         return info
 
@@ -343,7 +349,7 @@ class FakeMig:
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi: Any, profile_id: int) -> FakeComputeInstanceHandle:
         _, uuid, handle = self._gi_of(gi)
-        slices = CI_PROFILE_SLICES.get(int(profile_id))
+        slices = CI_ID_SLICES.get(int(profile_id))
         with self._mig_state(write=True) as st:
             x = self._find_gi(st.gpus.get(uuid, []), handle.gi)
             if slices is None or slices > x.slices:

@@ -2,8 +2,8 @@
 
 The stand-in ``libnvidia-ml.so.1`` serves the same ``NvmlFacts`` that ``FakeNvml`` serves, so one profile
 gives the same hardware through both; this module only changes the shape (flat per-GPU keys, errors as
-``{"error": Name}``) and puts in the values real NVML answers where the profiles speak for people:
-NVLink versions are the ``nvmlNvlinkVersion_t`` enum (A100 5, H100 6, B200 7), not the generation.
+``{"error": Name}``). The facts already hold what real NVML answers (NVLink versions are the
+``nvmlNvlinkVersion_t`` enum, mapped once in ``mockprofile.NVLINK_ENUM``), so nothing is translated here.
 
 ``python -m topodra.hardware.standin --profile dgx-h100 --node n1`` prints the config.
 """
@@ -20,9 +20,6 @@ from pydantic import BaseModel
 from topodra.hardware.facts import NvmlErr, NvmlFacts
 from topodra.hardware.mockprofile import Fabric, build_facts, load_profile
 
-# NVLink generation (profiles' ``nvlink.version``) -> nvmlNvlinkVersion_t, as nvml.h defines it and the
-# driver reports it: A100's NVLink 3 is VERSION_3_1 (5), H100's 4 is VERSION_4_0 (6), B200's 5 is 5_0 (7).
-NVLINK_VERSION_ENUM: dict[int, int] = {1: 1, 2: 2, 3: 5, 4: 6, 5: 7, 6: 8}
 DEFAULT_FAULTS_FILE = "nvml-standin-faults.json"
 DEFAULT_STATE_FILE = "nvml-standin.state"
 # Where the driver's MIG capability files go, from the config's directory in a driver tree
@@ -38,14 +35,6 @@ def _answer(v: Any) -> Any:
     if isinstance(v, tuple):
         return list(v)
     return v
-
-
-def _nvlink_version(v: Any) -> Any:
-    if isinstance(v, NvmlErr):
-        return {"error": v.error}
-    if int(v) not in NVLINK_VERSION_ENUM:
-        raise ValueError(f"NVLink generation {v} has no nvmlNvlinkVersion_t value")
-    return NVLINK_VERSION_ENUM[int(v)]
 
 
 def standin_config(
@@ -77,7 +66,7 @@ def standin_config(
         else:
             out["nvlinks"] = [
                 {"state": _answer(lk.state), "remoteBusId": _answer(lk.remoteBusId),
-                 "remoteType": _answer(lk.remoteType), "version": _nvlink_version(lk.version)}
+                 "remoteType": _answer(lk.remoteType), "version": _answer(lk.version)}
                 for lk in g.nvlinks
             ]  # fmt: skip
         gpus.append(out)

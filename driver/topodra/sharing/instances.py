@@ -103,6 +103,10 @@ class MigInstances:
         return any(isinstance(e, c) for c in (getattr(self.nvml, "NVMLError_NotFound", None),
                                               getattr(self.nvml, "NVMLError_InvalidArgument", None)) if c)
 
+    def _not_supported(self, e: BaseException) -> bool:
+        c = getattr(self.nvml, "NVMLError_NotSupported", None)
+        return c is not None and isinstance(e, c)
+
     def create(self, p: MigPlacement) -> MigInstance:
         """A GPU instance at ``p`` plus a compute instance over all of it; MigError (nothing left) on failure."""
         n = self.nvml
@@ -115,7 +119,11 @@ class MigInstances:
                 raise MigError(f"GPU {p.parent_uuid}: cannot create MIG {p.profile} instance at memory slice "
                                f"{p.start}: {e}") from e
             try:
-                ci = n.nvmlGpuInstanceCreateComputeInstance(gi, p.ci_profile_index)
+                # NVML takes the profile's id, which its info call returns for an index (finding 21: the two
+                # differ on real GPUs; NVIDIA's DRA driver reads .id the same way).
+                ci_profile = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, p.ci_profile_index, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                ci = n.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_profile.id))
                 gi_id = int(n.nvmlGpuInstanceGetInfo(gi).id)
                 ci_id = int(n.nvmlComputeInstanceGetInfo(ci).id)
                 uuid = self._mig_uuid(h, gi_id, ci_id)
@@ -156,7 +164,9 @@ class MigInstances:
                 try:
                     gi = n.nvmlDeviceGetGpuInstanceById(h, inst.gpu_instance)
                 except n.NVMLError as e:
-                    if self._not_found(e):
+                    # NotSupported: MIG was turned off underneath, which destroys every instance (finding 10;
+                    # NVIDIA's DRA driver treats it as gone too). Failing here would fail unprepare forever.
+                    if self._not_found(e) or self._not_supported(e):
                         return False
                     raise
                 for _ci_id, ci in self._by_id(n.nvmlGpuInstanceGetComputeInstanceById, gi, MAX_COMPUTE_INSTANCE_ID):

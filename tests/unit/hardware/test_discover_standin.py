@@ -19,7 +19,6 @@ from standin_rig import driver_tree, run_py
 from topodra.hardware.base import DiscoveryConfig
 from topodra.hardware.mock import mock_backend
 from topodra.hardware.mockprofile import build_tree, load_profile, profile_names
-from topodra.hardware.standin import NVLINK_VERSION_ENUM
 
 NODE = "standin-node"
 
@@ -52,9 +51,5 @@ def test_discovery_through_the_stand_in_matches_the_mock_path(tmp_path: Path, pr
         assert w["device_nodes"] == []
         g_attrs, w_attrs = dict(g.pop("attributes")), dict(w.pop("attributes"))
         g.pop("device_nodes"), w.pop("device_nodes")
-        gv, wv = g_attrs.pop("nvlinkVersion", None), w_attrs.pop("nvlinkVersion", None)
-        assert (gv is None) == (wv is None)
-        if gv is not None and gv != wv:  # the mock's generation vs NVML's enum (finding 6)
-            assert gv["int"] == NVLINK_VERSION_ENUM[wv["int"]], (gv, wv)
         assert g_attrs == w_attrs, g["name"]
         assert g == w, g["name"]

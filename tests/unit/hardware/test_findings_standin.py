@@ -1,7 +1,6 @@
 """Discovery findings of issue 19 that only real NVML semantics show, run through the C stand-in.
 
-Strict xfails: each fails with today's code, for the reason named, and turns red (XPASS) when the fix lands.
-They assert what any fix must give, not how it is done.
+Each failed on the code before its fix (a5b4678); they assert what any fix must give, not how it is done.
 """
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from standin_rig import driver_tree, run_py
 
 from topodra.hardware.mockprofile import build_tree, load_profile
@@ -39,17 +37,12 @@ def _discover(tmp_path: Path, profile: str, faults: dict[str, Any] | None = None
     """)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 finding 6: nvlinkVersion publishes NVML's nvmlNvlinkVersion_t (H100: 6), "
-                   "not the NVLink generation (4)")  # fmt: skip
 def test_nvlink_version_attribute_is_the_generation(tmp_path: Path) -> None:
     got = _discover(tmp_path, "dgx-h100")
     v = next(d for d in got["devices"] if d["name"] == "gpu-0")["attributes"]["nvlinkVersion"]
     assert v["int"] == 4 or str(v["string"] or v["version"] or "").startswith("4"), v
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 finding 16: one GPU answering GPU_IS_LOST fails discovery of the whole node")
 def test_a_lost_gpu_does_not_fail_the_node(tmp_path: Path) -> None:
     got = _discover(tmp_path, "dgx-h100", {"gpus": {"2": {"lost": True}}})
     assert "devices" in got, got

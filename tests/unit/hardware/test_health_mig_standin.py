@@ -1,9 +1,8 @@
 """topodra's health source and MIG instances driving the real pynvml against the C stand-in.
 
 Health (XID events, a lost GPU) is checked at the level every fix keeps: an observation names the device
-and the signal.  Where today's code fails against NVML's documented semantics the test is a strict xfail
-naming the issue-19 finding: it runs, must fail now, and turns red (XPASS) once the fix lands, so the marker
-goes with the fix.
+and the signal.  Tests named after an issue-19 finding failed against NVML's documented semantics on the
+code before the fix.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import pytest
 from standin_rig import driver_tree, run_py
 
 from topodra.hardware.mockprofile import build_tree, load_profile
@@ -65,8 +63,6 @@ def test_health_source_sees_xid_events_and_a_lost_gpu(tmp_path: Path) -> None:
     assert got["before"] == [] and got["lost"] == [["gpu-2", "gpu-lost"]]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 19 finding 8: nvmlEventSetWait_v2 answers "
-                   "GPU_IS_LOST at once and wait_events returns at once, so the health loop spins")  # fmt: skip
 def test_event_wait_on_a_lost_gpu_still_takes_its_timeout(tmp_path: Path) -> None:
     tree, sysfs = _tree_and_sysfs(tmp_path, "dgx-h100")
     waited = run_py(tree, _discovered(sysfs, """
@@ -82,9 +78,6 @@ def test_event_wait_on_a_lost_gpu_still_takes_its_timeout(tmp_path: Path) -> Non
     assert waited >= 1.5  # the rest of the timeout is waited out, not spun through
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 finding 21: MigInstances.create passes the CI profile *index* as profileId; "
-                   "NVML wants nvmlGpuInstanceGetComputeInstanceProfileInfo(...).id")  # fmt: skip
 def test_mig_instances_create_and_destroy_through_nvml(tmp_path: Path) -> None:
     tree, sysfs = _tree_and_sysfs(tmp_path, "dgx-a100-80gb-mig")
     got = run_py(tree, _discovered(sysfs, """
@@ -108,9 +101,6 @@ def test_mig_instances_create_and_destroy_through_nvml(tmp_path: Path) -> None:
                    "existing": [[10, 0]], "destroyed": True, "again": False, "after": []}  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 finding 10: destroy counts NotSupported (MIG turned off underneath) as an "
-                   "error, so unprepare fails forever; NVIDIA's DRA treats it as gone")  # fmt: skip
 def test_mig_destroy_when_mig_is_off_counts_as_gone(tmp_path: Path) -> None:
     tree, sysfs = _tree_and_sysfs(tmp_path, "dgx-h100")
     got = run_py(tree, _discovered(sysfs, """
