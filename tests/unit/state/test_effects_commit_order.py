@@ -91,6 +91,19 @@ def test_failed_unprepare_write_keeps_instance_and_daemon_the_entry_records(
     assert nvml.mig_instances() == {} and rig.daemons(st).claims() == set() and entry_of(tmp_path, "m") is None
 
 
+def test_failed_prepare_write_undoes_every_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st, nvml = node_state(tmp_path)
+
+    def disk_full(*_a: Any, **_k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save", disk_full)
+    assert "cannot write checkpoint" in st.prepare([claim("m", SLICE, MPS)])["m"].error
+    monkeypatch.undo()
+    assert nvml.mig_instances() == {} and rig.daemons(st).claims() == set(), "daemon stopped, instance destroyed"
+    assert entry_of(tmp_path, "m") is None and not list((tmp_path / "cdi").glob("*"))
+
+
 CHILD = textwrap.dedent("""
     from pathlib import Path
     from topodra import effects
