@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from topodra import effects
 from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
 from topodra.devices import Device
+from topodra.effects import MpsEffect
 from topodra.hardware import load_backend
 from topodra.hardware.mock import FakeNvml
 from topodra.inventory import Inventory
@@ -36,9 +38,15 @@ def state(tmp_path: Path, devices: list[Device], nvml: FakeNvml, *, timeslice: b
     if not boot.exists():
         boot.write_text("boot-1\n")
     return DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state", boot_id_path=str(boot),
-                       nvidia_spec_dirs=[], mig=MigInstances(nvml),
-                       timeslice_control=control_for(nvml) if timeslice else None,
-                       mps=MpsDaemons(tmp_path / "state", binary=mps_binary) if mps_binary else None)
+                       nvidia_spec_dirs=[], gpu_effects=effects.standard(
+                           tmp_path / "state", mig=MigInstances(nvml),
+                           timeslice=control_for(nvml) if timeslice else None,
+                           mps=MpsDaemons(tmp_path / "state", binary=mps_binary) if mps_binary else None))
+
+
+def daemons(st: DeviceState) -> MpsDaemons:
+    """The MPS daemons of ``st``'s MPS effect."""
+    return next(e.daemons for e in st.effects if isinstance(e, MpsEffect))
 
 
 def claim(uid: str, device: str, sharing: Sharing | None, share: str | None = None) -> AllocatedClaim:

@@ -60,9 +60,9 @@ def test_prepare_starts_a_daemon_for_the_claim_and_unprepare_stops_it(tmp_path: 
     st = state(tmp_path, devices, nvml)
     res = st.prepare([claim("a", "gpu-0", mps(50, "10Gi"), share="s1"), claim("b", "gpu-0", mps(None, None), "s2")])
     assert {u: r.error for u, r in res.items()} == {"a": "", "b": ""}
-    pids = {u: st.mps.pid(u) for u in ("a", "b")}
+    pids = {u: rig.daemons(st).pid(u) for u in ("a", "b")}
     assert all(pids.values()) and pids["a"] != pids["b"], "one daemon per claim"
-    pipe, logs = st.mps.dirs("a")
+    pipe, logs = rig.daemons(st).dirs("a")
     gpu0 = next(d for d in devices if d.name == "gpu-0").uuid
     assert f"startup: CUDA_VISIBLE_DEVICES={gpu0}" in (logs / "control.log").read_text()
     edits = spec(tmp_path, "a")["containerEdits"]
@@ -74,9 +74,9 @@ def test_prepare_starts_a_daemon_for_the_claim_and_unprepare_stops_it(tmp_path: 
     entry = checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims["a"]  # type: ignore[union-attr]
     assert entry.devices[0].sharing == mps(50, "10Gi")
     assert st.unprepare([ref("a")]) == {"a": ""}
-    assert st.mps.pid("a") is None and not pipe.exists() and st.mps.pid("b") == pids["b"]
-    assert "command: quit" not in (st.mps.dirs("b")[1] / "control.log").read_text()
-    assert st.unprepare([ref("b")]) == {"b": ""} and st.mps.claims() == set()
+    assert rig.daemons(st).pid("a") is None and not pipe.exists() and rig.daemons(st).pid("b") == pids["b"]
+    assert "command: quit" not in (rig.daemons(st).dirs("b")[1] / "control.log").read_text()
+    assert st.unprepare([ref("b")]) == {"b": ""} and rig.daemons(st).claims() == set()
 
 
 def test_mps_on_a_mig_slice_serves_the_mig_uuid(tmp_path: Path) -> None:
@@ -85,9 +85,9 @@ def test_mps_on_a_mig_slice_serves_the_mig_uuid(tmp_path: Path) -> None:
     assert st.prepare([claim("m", "gpu-1-mig-1g-10gb-0", mps())])["m"].error == ""
     inst = checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims["m"].devices[0].mig  # type: ignore[union-attr]
     assert inst is not None
-    assert f"CUDA_VISIBLE_DEVICES={inst.uuid}" in (st.mps.dirs("m")[1] / "control.log").read_text()
+    assert f"CUDA_VISIBLE_DEVICES={inst.uuid}" in (rig.daemons(st).dirs("m")[1] / "control.log").read_text()
     assert st.unprepare([ref("m")]) == {"m": ""}
-    assert st.mps.pid("m") is None and nvml.mig_instances() == {}
+    assert rig.daemons(st).pid("m") is None and nvml.mig_instances() == {}
 
 
 def test_missing_binary_fails_the_claim_and_changes_nothing(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_missing_binary_fails_the_claim_and_changes_nothing(tmp_path: Path) -> N
     err = st.prepare([claim("x", "gpu-2-mig-1g-10gb-0", mps())])["x"].error
     assert "cannot start nvidia-cuda-mps-control" in err, err
     assert st.checkpointed_claims() == [] and not list((tmp_path / "cdi").glob("*"))
-    assert st.mps.claims() == set() and nvml.mig_instances() == {}, "the MIG instance made for it is gone"
+    assert rig.daemons(st).claims() == set() and nvml.mig_instances() == {}, "the MIG instance made for it is gone"
 
 
 def test_claim_with_two_mps_settings_is_refused(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_claim_with_two_mps_settings_is_refused(tmp_path: Path) -> None:
         AllocatedDevice(request="a", device="gpu-1", share_id=None, access="exclusive", sharing=mps(10)),
         AllocatedDevice(request="b", device="gpu-2", share_id=None, access="exclusive", sharing=mps(20))))
     assert "different MPS settings" in st.prepare([two])["t"].error
-    assert st.mps.claims() == set() and st.checkpointed_claims() == []
+    assert rig.daemons(st).claims() == set() and st.checkpointed_claims() == []
 
 
 CHILD = textwrap.dedent("""
@@ -135,8 +135,8 @@ def test_kill_9_stops_unrecorded_daemons_and_keeps_recorded_ones(tmp_path: Path,
     keep_pid, lost_pid = daemons.pid("keep"), daemons.pid("lost")
     assert keep_pid and lost_pid, "both daemons outlived the killed plugin"
     st = state(tmp_path, *hardware(tmp_path))  # the plugin restarts
-    assert st.mps.pid("keep") == keep_pid, "a recorded claim's daemon is left running"
-    assert st.mps.pid("lost") is None and st.mps.claims() == {"keep"}
+    assert rig.daemons(st).pid("keep") == keep_pid, "a recorded claim's daemon is left running"
+    assert rig.daemons(st).pid("lost") is None and rig.daemons(st).claims() == {"keep"}
     assert [c.uid for c in st.checkpointed_claims()] == ["keep"]
     assert st.prepare([claim("lost", "gpu-4", mps())])["lost"].error == ""  # the kubelet's retry
-    assert st.unprepare([ref("keep"), ref("lost")]) == {"keep": "", "lost": ""} and st.mps.claims() == set()
+    assert st.unprepare([ref("keep"), ref("lost")]) == {"keep": "", "lost": ""} and rig.daemons(st).claims() == set()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from sharing_rig import run_child
 
-from topodra import checkpoint
+from topodra import checkpoint, effects
 from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
 from topodra.devices import Device
 from topodra.hardware import load_backend
@@ -38,7 +38,7 @@ def state(tmp_path: Path, devices: list[Device], nvml: FakeNvml) -> DeviceState:
     if not boot.exists():
         boot.write_text("boot-1\n")
     return DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state", boot_id_path=str(boot),
-                       nvidia_spec_dirs=[], mig=MigInstances(nvml))
+                       nvidia_spec_dirs=[], gpu_effects=effects.standard(tmp_path / "state", mig=MigInstances(nvml)))
 
 
 def claim(uid: str, *devices: str) -> AllocatedClaim:
@@ -158,7 +158,7 @@ def test_host_gpus_give_containers_the_mig_capability_nodes(tmp_path: Path) -> N
     (gi / "ci0" / "access").write_text("DeviceFileMinor: 31\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
     st = DeviceState(DRIVER, NODE, Inventory(devices), tmp_path / "cdi", tmp_path / "state",
                      boot_id_path=str(tmp_path / "boot"), nvidia_spec_dirs=[],
-                     mig=MigInstances(nvml, proc_root=str(proc)))
+                     gpu_effects=effects.standard(tmp_path / "state", mig=MigInstances(nvml, proc_root=str(proc))))
     assert st.prepare([claim("h", "gpu-2-mig-2g-20gb-0")])["h"].error == ""
     (path,) = (tmp_path / "cdi").glob("*claim_h.*")
     spec = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())

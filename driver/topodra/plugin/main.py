@@ -241,13 +241,16 @@ def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
                 mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket.
 
-    ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices.
+    ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices;
+    ``timeslice_control``: sets GPUs' time-slice levels (the GPU effects, ``topodra.effects``).
     """
+    from topodra import effects
     from topodra.state import DeviceState
 
     return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
-                       observer=observer, mig=mig, timeslice_control=timeslice_control)
+                       observer=observer,
+                       gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control))
 
 
 def run(args: argparse.Namespace) -> int:

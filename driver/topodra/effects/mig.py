@@ -1,0 +1,131 @@
+"""MIG placement devices: a GPU and compute instance per allocated slice, made at prepare.
+
+The instance exists only from prepare to unprepare; its MIG UUID and capability device nodes go into the
+claim's CDI spec, and the checkpoint entry records it (``CheckpointDevice.mig``).  It comes first in the
+effect order: the spec and an MPS daemon need its UUID.  Hardware calls are ``sharing.instances``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
+from topodra.claims import ClaimError, ClaimRef
+from topodra.devices import Device
+from topodra.effects.base import Devices, Mount, Recovered
+from topodra.sharing.config import Sharing
+from topodra.sharing.instances import MigError, MigInstance, MigInstances
+from topodra.sharing.mig import placement_of
+
+log = logging.getLogger(__name__)
+
+
+class MigEffect:
+    """``instances`` None: this plugin has no NVML access, so claims on MIG devices fail."""
+
+    name = "mig"
+    crash_point: str | None = "after-mig-created"  # instances of the batch made, no spec or checkpoint yet
+
+    def __init__(self, instances: MigInstances | None) -> None:
+        self.instances = instances
+
+    def check(self, ref: ClaimRef, dev: Device, sharing: Sharing | None, working: CheckpointData,
+              devices: Devices, node: str) -> None:
+        return  # whether an instance fits is NVML's answer, at apply
+
+    def device_edits(self, d: CheckpointDevice, dev: Device) -> tuple[Device, tuple[str, ...]]:
+        if d.mig is None:
+            return dev, ()
+        return dev.model_copy(update={"uuid": d.mig.uuid, "device_nodes": self._nodes(dev, d.mig)}), ()
+
+    def _nodes(self, dev: Device, inst: MigInstance) -> tuple[str, ...]:
+        """The parent's ``/dev/nvidiaN`` plus the instance's capability nodes (this host's GPUs only; mock
+        hardware has none)."""
+        if not dev.device_nodes:
+            return ()
+        if self.instances is None:
+            raise ClaimError(f"device {dev.name}: no NVML access to find its MIG capability device nodes")
+        try:
+            minor = int(str(dev.attributes["parentDevice"].value).removeprefix("gpu-"))
+            return (*dev.device_nodes, *self.instances.cap_device_nodes(inst, minor))
+        except (KeyError, ValueError, MigError) as e:
+            raise ClaimError(f"device {dev.name}: {e}") from e
+
+    def claim_edits(self, entry: ClaimEntry) -> tuple[list[str], list[Mount]]:
+        return [], []
+
+    def used_by(self, entry: ClaimEntry, devices: Devices) -> bool:
+        return any(devices[d.device_name].kind == "mig" for d in entry.devices if d.device_name in devices)
+
+    def apply(self, entry: ClaimEntry, applied: CheckpointData, devices: Devices) -> ClaimEntry:
+        """The entry with an instance created and recorded for each MIG device; on failure none is left."""
+        out: list[CheckpointDevice] = []
+        made: list[MigInstance] = []
+        try:
+            for d in entry.devices:
+                dev = devices[d.device_name]
+                if dev.kind != "mig":
+                    out.append(d)
+                    continue
+                if self.instances is None:
+                    raise ClaimError(f"claim {entry.ref}: {d.device_name} is a MIG device, but this plugin has "
+                                     "no NVML access to create MIG instances")
+                try:
+                    inst = self.instances.create(placement_of(dev))
+                except (MigError, ValueError) as e:
+                    raise ClaimError(f"claim {entry.ref}: {d.device_name}: {e}") from e
+                made.append(inst)
+                out.append(d.model_copy(update={"mig": inst}))
+        except ClaimError:
+            self._destroy(made)
+            raise
+        return entry.model_copy(update={"devices": out})
+
+    def undo(self, entries: Sequence[ClaimEntry], final: CheckpointData, devices: Devices) -> None:
+        self._destroy([m for e in entries for m in e.mig_instances])
+
+    def _destroy(self, instances: Sequence[MigInstance]) -> None:
+        if self.instances is None:
+            return
+        for inst in instances:
+            try:
+                self.instances.destroy(inst)  # already gone (e.g. after a reboot) is fine
+            except MigError as e:  # no entry records it any more: recovery's reconcile destroys it
+                log.error("%s", e)
+
+    def release_blocker(self, entry: ClaimEntry) -> str | None:
+        if entry.mig_instances and self.instances is None:
+            return f"claim {entry.ref}: has MIG instances, but this plugin has no NVML access to destroy them"
+        return None
+
+    def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
+        """Destroy instances no entry records; re-create recorded ones that are gone."""
+        if self.instances is None:
+            return Recovered(data)
+        recorded = [d.mig for e in data.claims.values() for d in e.devices if d.mig is not None]
+        parents = sorted({str(d.attributes["parentUUID"].value) for d in devices.values()
+                          if d.kind == "mig" and "parentUUID" in d.attributes} | {r.parent_uuid for r in recorded})
+        if not parents:
+            return Recovered(data)
+        try:
+            stray = self.instances.reconcile(parents, recorded)
+            present = {i.key for i in self.instances.existing(parents)}
+        except Exception as e:  # NVML failed (any NVMLError): prepared claims keep working; next start retries
+            log.error("cannot reconcile MIG instances: %s", e)
+            return Recovered(data)
+        remade: list[str] = []
+        for entry in list(data.claims.values()):
+            if not any(d.mig is not None and d.mig.key not in present for d in entry.devices):
+                continue
+            stripped = entry.model_copy(update={"devices": [d.model_copy(update={"mig": None})
+                                                            for d in entry.devices]})  # fmt: skip
+            try:
+                fresh = self.apply(stripped, data, devices)
+                self._destroy([m for m in entry.mig_instances if m.key in present])
+            except (ClaimError, KeyError) as e:
+                log.error("claim %s: its MIG instance is gone and cannot be re-created: %s", entry.ref, e)
+                continue
+            data = data.with_claim(fresh)
+            remade.append(entry.uid)
+        return Recovered(data, [f"{i.parent_uuid}/{i.gpu_instance}" for i in stray], remade)

@@ -1,0 +1,98 @@
+"""MPS: one control daemon per claim with MPS devices, serving their GPUs (MIG UUIDs for slices).
+
+Last in the effect order, since it serves the instances the MIG effect makes.  The daemon's pipe and log
+directories and its limits are claim-wide CDI edits.  Hardware calls are ``sharing.mps``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
+from topodra.claims import ClaimError, ClaimRef
+from topodra.devices import Device
+from topodra.effects.base import Devices, Mount, Recovered, sharing_of
+from topodra.sharing import mps
+from topodra.sharing.config import Mps, Sharing
+from topodra.sharing.mps import MpsDaemons, MpsError
+
+log = logging.getLogger(__name__)
+
+
+class MpsEffect:
+    name = "mps"
+    crash_point: str | None = None
+
+    def __init__(self, daemons: MpsDaemons) -> None:
+        self.daemons = daemons
+
+    def check(self, ref: ClaimRef, dev: Device, sharing: Sharing | None, working: CheckpointData,
+              devices: Devices, node: str) -> None:
+        if sharing is not None and sharing.strategy == "MPS" and dev.kind not in ("gpu", "mig"):
+            raise ClaimError(f"claim {ref}: device {dev.name} is a {dev.kind} device; MPS needs a GPU or MIG slice")
+
+    def device_edits(self, d: CheckpointDevice, dev: Device) -> tuple[Device, tuple[str, ...]]:
+        return dev, ()
+
+    def claim_edits(self, entry: ClaimEntry) -> tuple[list[str], list[Mount]]:
+        """The daemon's container env and mounts (none without MPS devices)."""
+        configs: list[tuple[Mps | None, str | None]] = [
+            (d.sharing.mps, d.consumed_capacity.get("memory")) for d in sharing_of(entry, "MPS") if d.sharing]
+        if not configs:
+            return [], []
+        first = configs[0][0] or Mps()
+        if any((m or Mps()) != first for m, _ in configs):
+            raise ClaimError(f"claim {entry.uid}: its requests ask for different MPS settings; one claim has one "
+                             "MPS daemon, so they must agree")
+        pipe, logs = self.daemons.dirs(entry.uid)
+        return mps.claim_env(first, [mem for _m, mem in configs]), [(str(pipe), mps.CONTAINER_PIPE_DIR),
+                                                                    (str(logs), mps.CONTAINER_LOG_DIR)]
+
+    @staticmethod
+    def _uuids(entry: ClaimEntry, devices: Mapping[str, Device]) -> list[str]:
+        """What the daemon serves: the UUIDs (MIG UUIDs for slices) of the claim's MPS devices."""
+        return [d.mig.uuid if d.mig is not None else devices[d.device_name].uuid for d in sharing_of(entry, "MPS")
+                if d.device_name in devices]
+
+    def used_by(self, entry: ClaimEntry, devices: Devices) -> bool:
+        return bool(self._uuids(entry, devices))
+
+    def apply(self, entry: ClaimEntry, applied: CheckpointData, devices: Devices) -> ClaimEntry:
+        try:
+            self.daemons.start(entry.uid, self._uuids(entry, devices))  # MpsError leaves nothing behind
+        except MpsError as e:
+            raise ClaimError(f"claim {entry.ref}: {e}") from e
+        return entry
+
+    def undo(self, entries: Sequence[ClaimEntry], final: CheckpointData, devices: Devices) -> None:
+        for e in entries:
+            if sharing_of(e, "MPS"):
+                try:
+                    self.daemons.stop(e.uid)
+                except MpsError as err:  # no entry records it any more: recovery's reconcile stops it
+                    log.error("%s", err)
+
+    def release_blocker(self, entry: ClaimEntry) -> str | None:
+        return None
+
+    def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
+        """Stop daemons no prepared claim records; start recorded ones that are not running (after a reboot)."""
+        try:
+            stray = self.daemons.reconcile(e.uid for e in data.claims.values() if self._uuids(e, devices))
+        except MpsError as e:
+            log.error("cannot stop stray MPS daemons: %s", e)
+            stray = []
+        if stray:
+            log.warning("stopped MPS daemons of claims no checkpoint entry records: %s", stray)
+        remade: list[str] = []
+        for entry in data.claims.values():
+            uuids = self._uuids(entry, devices)
+            if uuids and self.daemons.pid(entry.uid) is None:
+                try:
+                    self.daemons.start(entry.uid, uuids)
+                    log.warning("restarted the MPS daemon of claim %s", entry.ref)
+                    remade.append(entry.uid)
+                except MpsError as e:
+                    log.error("claim %s: %s", entry.ref, e)
+        return Recovered(data, stray, remade)
