@@ -8,15 +8,10 @@ ResourceSlices converge within 30 s with no duplicates.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-import reliability_apifaults
 from conftest import ClusterHandle
+
+from bench.reliability import apifaults as reliability_apifaults
 
 pytestmark = pytest.mark.cluster
 

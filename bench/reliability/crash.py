@@ -13,7 +13,7 @@ kubelet. Then, as after a real crash:
 2. every answered prepare must still be prepared, every answered unprepare gone;
 3. the kubelet retries what got no answer, and each retry must succeed, with the
    same devices as the first answer where there was one;
-4. ``reliability_common.violations`` must be empty.
+4. ``common.violations`` must be empty.
 
 The model of what the kubelet believes carries over to the next run, so later
 runs crash with many claims prepared. Anything else is counted as lost.
@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reliability_common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
-
+from bench.reliability.common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
 from topodra.claims import ClaimError, ClaimRef, FetchedClaim, UnavailableClaim, allocated_claim
 from topodra.state import DeviceState
 

@@ -31,8 +31,8 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
-from reliability_common import DRIVER, NODE, OTHER_DRIVER, Node, claim_obj, quiet
 
+from bench.reliability.common import DRIVER, NODE, OTHER_DRIVER, Node, claim_obj, quiet
 from topodra.claims import ClaimRef, ref_problem
 from topodra.pb.dra.v1 import api_pb2 as dra_v1
 from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Resident memory that each dependency adds to the kubelet plugin, imported in the plugin's order.
 
 Each row is measured in a fresh interpreter that imports every module up to and including that row,
 so a row's increment is what that import adds on top of the previous ones (shared dependencies are
-counted where they first load). Usage: .venv/bin/python bench/import_rss.py [--json FILE]
+counted where they first load). Usage: bench/run import_rss [--json FILE]   (no file unless --json)
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ def rss_kib(statements: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench/run import_rss", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--repeat", type=int, default=3, help="runs per row; the median is used")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``bench/kueue_latency.py``: job creation -> pod's GPUs allocated, with and without Kueue.
+"""``bench/run kueue_latency``: job creation -> pod's GPUs allocated, with and without Kueue.
 
 A private local cluster (own ports and state, beside the tests' shared cluster) gets the simulated
 ``enterprise-400`` cluster (50 nodes, 400 GPUs), topodra's DeviceClasses and real Kueue v0.17.0
@@ -12,7 +12,7 @@ deleted (its pod force-deleted: the nodes have no kubelet) and the next one star
 queue behind each other.  Modes alternate job by job (plain, kueue, plain, ...), so drift in the
 machine's load hits both alike.
 
-  .venv/bin/python bench/kueue_latency.py --jobs 60 [--out bench/results/kueue-latency-<ts>.json]
+  bench/run kueue_latency --jobs 60 [--out FILE]   (default bench/results/kueue_latency/<UTC time>.json)
 """
 
 from __future__ import annotations
@@ -28,19 +28,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+from bench.paths import REPO, result_file
+from bench.placement.main import BenchError, install_classes, publish
+
 sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(BENCH))
 
-import localcluster  # noqa: E402
-import localkueue  # noqa: E402
-from placement_bench import BenchError, install_classes, publish  # noqa: E402
+import localcluster
+import localkueue
 
-from topodra.controller import kueue as kq  # noqa: E402
-from topodra.controller.profile import ClaimProfile  # noqa: E402
-from topodra.kube import Kube, KubeError  # noqa: E402
-from topodra.simulate import load_cluster  # noqa: E402
+from topodra.controller import kueue as kq
+from topodra.controller.profile import ClaimProfile
+from topodra.kube import Kube, KubeError
+from topodra.simulate import load_cluster
 
 INSTANCE = "bench-kueue"
 CLUSTER = REPO / "hack" / "clusters" / "enterprise-400.yaml"
@@ -136,7 +135,8 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="bench/run kueue_latency", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=60, help="jobs per mode (default 60)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     for m, s in {m: summary(v) for m, v in lat.items()}.items():
         print(f"{m:6s} n={s['n']} median {s['median_s'] * 1000:.0f} ms  p90 {s['p90_s'] * 1000:.0f} ms  "
               f"min {s['min_s'] * 1000:.0f} ms  max {s['max_s'] * 1000:.0f} ms")
-    out = args.out or BENCH / "results" / f"kueue-latency-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out = args.out or result_file("kueue_latency")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     log(f"wrote {out}")
     return 0

@@ -22,10 +22,10 @@ profiles are parsed and the sysfs trees written again each time, as in a real ``
 ``--src DIR`` runs the children against another checkout's ``driver/`` (e.g. ``git archive`` of an
 older commit) for before/after numbers in the same conditions. Statistics: median with its
 distribution-free 95% interval (order statistics), p99 (nearest rank; with fewer than 100 runs that
-is the maximum), min and max. Results go to ``bench/results/simulate-<UTC time>.json``.
+is the maximum), min and max. Results go to ``bench/results/simulate/<UTC time>[-<label>].json``.
 
-    .venv/bin/python bench/simulate_bench.py --runs 20                # discovery only
-    sudo .venv/bin/python bench/simulate_bench.py --runs 10 --e2e     # plus the real cluster
+    bench/run simulate --runs 20                # discovery only
+    sudo bench/run simulate --runs 10 --e2e     # plus the real cluster
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.paths import REPO, result_file
+
 sys.path.insert(0, str(REPO / "hack"))
 
-import localcluster  # noqa: E402
+import localcluster
 
 LOCK_FILE = "/tmp/topodra-test-cluster.lock"  # the pytest cluster fixtures and bench/prepare take it too
 DEFAULT_CLUSTER = REPO / "hack/clusters/enterprise-400.yaml"
@@ -248,7 +249,8 @@ def with_cluster(fn: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="bench/run simulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cluster-file", type=Path, default=DEFAULT_CLUSTER)
     p.add_argument("--runs", type=int, default=20, help="repetitions per condition (default 20)")
     p.add_argument("--load-procs", type=int, default=2 * (os.cpu_count() or 1),
@@ -257,20 +259,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--e2e", action="store_true", help="also time `topodra simulate --once` on a real local cluster")
     p.add_argument("--no-discovery", action="store_true", help="skip the cluster-less discovery measurement")
     p.add_argument("--src", type=Path, default=None, help="checkout whose driver/ the children import")
-    p.add_argument("--label", default="", help="free text stored with the results (e.g. 'before')")
+    p.add_argument("--label", default="", help="stored with the results and ends the default file name (e.g. "
+                   "'before-faf15f3'; letters, digits, '.', '_', '-')")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.runs < 1 or args.load_procs < 0:
         p.error("--runs must be >= 1 and --load-procs >= 0")
     if args.src is not None and not (args.src / "driver" / "topodra").is_dir():
         p.error(f"--src {args.src}: no driver/topodra there")
+    try:
+        result_file("simulate", args.label)
+    except ValueError as e:
+        p.error(f"--label: {e}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = child_env(args.src)
-    started = time.gmtime()
+    now = time.time()
+    started = time.gmtime(now)
     result: dict[str, Any] = {
         "benchmark": "simulate", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", started), "label": args.label,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_1m": os.getloadavg()[0]},
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
         result["e2e"] = with_cluster(measure)
-    out_path: Path = args.out or REPO / "bench/results" / time.strftime("simulate-%Y%m%dT%H%M%SZ.json", started)
+    out_path: Path = args.out or result_file("simulate", args.label, when=now)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)

@@ -12,14 +12,14 @@ Timed: each run is a fresh ``python -m topodra.cli inventory`` process (interpre
 lists, the view, the output), for the table, ``-o json``, ``-o yaml`` and ``--png FILE``. In-process, the
 same run's phases: listing (``fetch``) and building the view (``build_view``). Statistics: median with its
 distribution-free 95% interval, p99 (nearest rank: the maximum below 100 runs), min, max. Results go to
-``bench/results/inventory-<UTC time>.json``, with the 1-minute load average before each run.
+``bench/results/inventory/<UTC time>.json``, with the 1-minute load average before each run.
 
 ``--baseline-src DIR`` runs each variant a second time with DIR's ``driver/`` (``*_baseline``), interleaved,
 and reports the paired differences run by run (``*_paired_diff_s``: this checkout minus the baseline), which
 the machine's drifting load blurs far less than two separate medians.
 
-    .venv/bin/python bench/inventory_bench.py --runs 15
-    .venv/bin/python bench/inventory_bench.py --runs 21 --baseline-src /tmp/base
+    bench/run inventory --runs 15
+    bench/run inventory --runs 21 --baseline-src /tmp/base
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from simulate_bench import REPO, log, summarize, with_cluster
 
+from bench.paths import REPO, result_file
+from bench.simulate.main import log, summarize, with_cluster
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.apipaths import (
     claim_path,
@@ -171,11 +172,12 @@ def measure(kubeconfig: Path, runs: int, pods: int, save_png: Path | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench/run inventory", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pods", type=int, default=56, help="jobs allocated before timing (default 56: ~half the GPUs)")
     ap.add_argument("--save-png", type=Path, default=None, help="keep the last --png picture here")
-    ap.add_argument("--json", type=Path, default=None, help="result file (default bench/results/inventory-*.json)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="result file (default bench/results/inventory/<UTC time>.json)")
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="a checkout (e.g. `git worktree add /tmp/base HEAD~3`) whose driver/ also runs every "
                          "variant, interleaved with this one: *_baseline_wall_s and the paired *_paired_diff_s")
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         result["baseline_src"] = str(args.baseline_src)
     # Other work on the machine inflates every number; the load average says how much there was.
     result["loadavg_1m"] = {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}
-    path = args.json or REPO / "bench" / "results" / f"inventory-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    path = args.json or result_file("inventory")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     variants = ("table", "json", "yaml", "png")
     for k in (*(f"{v}_wall_s" for v in variants), *(f"{v}_baseline_wall_s" for v in variants),

@@ -3,14 +3,14 @@
 What runs (all loopback, all real except the kubelets):
 
 * ``hack/localcluster.py``: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, with a
-  KubeSchedulerConfiguration per policy (``placement_model.scheduler_config``); for policy (d) also
+  KubeSchedulerConfiguration per policy (``model.scheduler_config``); for policy (d) also
   ``topodra placement-scorer`` configured as the scheduler's extender.
 * The nodes of a SimulatedCluster file (default ``hack/clusters/enterprise-400.yaml``: 50 kubelet-less
   nodes, 400 GPUs) with their ResourceSlices published by ``topodra.simulate`` (the real discovery
   code on mock profiles). Pods are bound but never run: the claim is allocated at binding, which
   is all placement needs.
 
-Virtual clock (``placement_model.VirtualClock``): at the next event time t, delete the pods (grace 0)
+Virtual clock (``model.VirtualClock``): at the next event time t, delete the pods (grace 0)
 and claims of the jobs that complete, wait until their claims are gone, create the claims and pods
 of the jobs that arrive, wait until the scheduler is idle (``scheduler_pending_pods`` active and
 backoff 0, no binding goroutine, and its attempt/queue counters unchanged for ``--settle``
@@ -24,8 +24,7 @@ manager creates claims at ~11/s with its default client QPS, which would make th
 measure it instead of the scheduler. Policy (a) uses no claim object of ours: the scheduler makes
 the extended-resource claim itself (KEP-5004).
 
-The pure parts (workloads, objects, metrics, clock) are in ``placement_model.py``; plots in
-``placement_plots.py``.
+The pure parts (workloads, objects, metrics, clock) are in ``model.py``; plots in ``plots.py``.
 """
 
 from __future__ import annotations
@@ -48,17 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+from bench.paths import REPO, result_file
+from bench.placement import model as pm
+
 sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(BENCH))
 
-import localcluster  # noqa: E402
-import placement_model as pm  # noqa: E402
+import localcluster
 
-from topodra.deviceclasses import catalog, to_device_class  # noqa: E402
-from topodra.kube import Kube, KubeError  # noqa: E402
-from topodra.simulate import SimulatedCluster, Simulation, load_cluster  # noqa: E402
+from topodra.deviceclasses import catalog, to_device_class
+from topodra.kube import Kube, KubeError
+from topodra.simulate import SimulatedCluster, Simulation, load_cluster
 
 # Placement benchmarks run on a private cluster (own state, ports, lock): they never hold the shared
 # fixed-port cluster's lock that test sessions wait for. Runs of this instance still queue behind each
@@ -644,7 +642,7 @@ def exit_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/placement", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="bench/run placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
     p.add_argument("--policies", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
@@ -664,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="virtual seconds grouped into one step (0: one step per distinct event time)")
     p.add_argument("--settle", type=float, default=0.1, help="seconds the scheduler must stay idle")
     p.add_argument("--run-timeout", type=float, default=900, help="wall seconds one run may take")
-    p.add_argument("--out", help="JSON file (default bench/results/placement-<time>.json)")
+    p.add_argument("--out", help="JSON file (default bench/results/placement/<UTC time>[-<label>].json)")
+    p.add_argument("--label", default="", help="what the run is for, in the default file name (e.g. alibaba-cd)")
     p.add_argument("--plots", default=str(REPO / "docs" / "placement"),
                    help="directory for the PNG plots ('' for none)")
     p.add_argument("--lock-timeout", type=float, default=3600)
@@ -694,8 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, pm.WorkloadError) as e:
         print(f"bench/placement: {e}", file=sys.stderr)
         return 2
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
+    out = Path(args.out) if args.out else result_file("placement", args.label)
     try:
         with instance_lock(args.lock_timeout, args.instance):
             failed: list[dict[str, Any]] = []
@@ -742,8 +740,7 @@ def merge(args: argparse.Namespace) -> int:
             by_key[key] = r
         policies.update(doc["policies"])
     runs = [by_key[k] for k in sorted(by_key)]
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"placement-{stamp}.json"
+    out = Path(args.out) if args.out else result_file("placement", args.label or "merged")
     return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge},
                   runs, out)
 
@@ -763,7 +760,7 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     out.with_suffix(".md").write_text(markdown_table(summary) + "\n")
     if args.plots:
         try:  # matplotlib is the optional [bench] extra
-            import placement_plots
+            from bench.placement import plots as placement_plots
         except ImportError as e:
             log(f"no plots ({e}); install the bench extra: pip install -e '.[bench]'")
         else:

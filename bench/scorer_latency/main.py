@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Latency of the placement scorer's ``prioritize`` at 50 nodes (enterprise-400) and 500 nodes.
 
 The view is built offline from the real discovery output of the cluster file's mock profiles (the
@@ -9,7 +8,7 @@ releases a random claim when above it -- so every call sees a view that changed 
 as in a real cluster. Calls are timed in-process (``Placement.prioritize``) and over HTTP on a
 kept-alive connection (what kube-scheduler does), including JSON of the pod and all node names.
 
-Usage: .venv/bin/python bench/scorer_latency.py [--calls N] [--runs R] [--json FILE]
+Usage: bench/run scorer_latency [--calls N] [--runs R] [--json FILE]   (no file unless --json)
 Targets (issue 15): p99 <= 5 ms at 50 nodes, <= 25 ms at 500 nodes.
 """
 
@@ -25,20 +24,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.paths import REPO
+
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "hack"))
 
-from localcluster import free_port  # noqa: E402
-from placement_views import claim, device_classes, node_slices  # noqa: E402
+from localcluster import free_port
+from placement_views import claim, device_classes, node_slices
 
-from topodra import DEFAULT_DRIVER_NAME as DRIVER  # noqa: E402
-from topodra.kube import Kube, Obj  # noqa: E402
-from topodra.placement.cache import Cache  # noqa: E402
-from topodra.placement.model import ClusterState, parse_demand  # noqa: E402
-from topodra.placement.score import DEFAULT_PRIOR, place  # noqa: E402
-from topodra.placement.server import Placement, Server  # noqa: E402
-from topodra.simulate import load_cluster  # noqa: E402
+from topodra import DEFAULT_DRIVER_NAME as DRIVER
+from topodra.kube import Kube, Obj
+from topodra.placement.cache import Cache
+from topodra.placement.model import ClusterState, parse_demand
+from topodra.placement.score import DEFAULT_PRIOR, place
+from topodra.placement.server import Placement, Server
+from topodra.simulate import load_cluster
 
 SIZES = (1, 2, 4, 8)
 SIZE_P = (0.6, 0.1, 0.1, 0.2)
@@ -152,7 +152,7 @@ def run_once(nodes: int, calls: int, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench/run scorer_latency", description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=1000, help="prioritize calls per run (default 1000)")
     p.add_argument("--runs", type=int, default=5, help="runs (seeds) per cluster size (default 5)")
     p.add_argument("--nodes", default="50,500", help="cluster sizes (default 50,500)")

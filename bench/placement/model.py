@@ -1,6 +1,6 @@
 """The pure half of ``bench/placement``: workloads, policies as API objects, the virtual clock, metrics.
 
-Nothing here talks to a cluster: ``placement_bench.py`` feeds it what it read from the API
+Nothing here talks to a cluster: ``main.py`` feeds it what it read from the API
 (ResourceSlices, pods, claims) and writes what it returns.  That keeps every number the benchmark
 reports reproducible from its inputs and unit-testable (``tests/test_placement_bench.py``).
 

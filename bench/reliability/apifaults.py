@@ -1,7 +1,7 @@
 """API faults on the real control plane: kube-apiserver stopped, then etcd stopped, during prepare and publishing.
 
 Needs a running ``hack/localcluster.py`` control plane (``lc``; the pytest ``cluster``
-fixture or ``bench/reliability --only apifaults``, which takes the cluster lock).
+fixture or ``bench/run reliability --only apifaults``, which takes the cluster lock).
 The real plugin process (``topodra kubelet-plugin``, mock dgx-h100) serves a
 kubelet-less node; the real scheduler allocates its claims. A component is
 "stopped" with SIGSTOP (connections hang, the hardest case for a client: no
@@ -31,15 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reliability_common import Node, violations
+from bench.paths import REPO
+from bench.reliability.common import Node, violations
 
-HERE = Path(__file__).resolve().parent
+HERE = REPO / "bench"
 sys.path.insert(0, str(HERE.parent / "hack"))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import localcluster  # noqa: E402
-import prepare_bench as pb  # noqa: E402
 from kubeletstub import KubeletStub  # noqa: E402
 
+from bench.prepare import claims as pb_claims  # noqa: E402
+from bench.prepare.common import DRIVER, NODE, wait_until  # noqa: E402
+from bench.prepare.plugin import BenchPlugin  # noqa: E402
 from topodra.apipaths import slices_path  # noqa: E402
 from topodra.kube import Kube  # noqa: E402
 
@@ -74,7 +77,7 @@ class Stopped:
 
 def slice_state(kube: Kube) -> tuple[bool, str]:
     """(converged, description) of the bench node's ResourceSlices."""
-    slices = list(kube.list(slices_path(), field_selector=f"spec.driver={pb.DRIVER},spec.nodeName={pb.NODE}"))
+    slices = list(kube.list(slices_path(), field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}"))
     names = [d["name"] for s in slices for d in s["spec"].get("devices") or []]
     gens = {s["spec"]["pool"]["generation"] for s in slices}
     counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
@@ -101,20 +104,20 @@ def run(lc: localcluster.Cluster, pause_s: float = 8.0) -> dict[str, Any]:
     """Both faults, both phases, on ``lc``; returns timings and everything lost."""
     lost: list[str] = []
     out: dict[str, Any] = {"pause_s": pause_s}
-    lc.create_fake_nodes([pb.NODE])
+    lc.create_fake_nodes([NODE])
     kube = Kube.from_kubeconfig(str(lc.admin_kubeconfig))
     with tempfile.TemporaryDirectory(prefix="topodra-apifault-") as tmp:
         root = Path(tmp)
         subprocess.run([str(Path(lc.meta()["bin_dir"]) / "kubectl"), f"--kubeconfig={lc.admin_kubeconfig}",
                        "apply", "-f", str(HERE.parent / "deviceclasses/gpu.topodra.io.yaml")],
                        check=True, capture_output=True)
-        plugin = pb.BenchPlugin(lc.admin_kubeconfig, root, lc.logs / "topodra-apifault-plugin.log", extra_env={})
+        plugin = BenchPlugin(lc.admin_kubeconfig, root, lc.logs / "topodra-apifault-plugin.log", extra_env={})
         plugin.start(wait=False)
         try:
             plugin.wait_ready(90)
             ns = f"apifault-{os.getpid()}"
             kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-            pb.wait_until(lambda: kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), 60, "default SA")
+            wait_until(lambda: kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), 60, "default SA")
             out["deleted_while_down"] = _deleted_while_down(kube, plugin, root, ns, lost)
             for component in ("kube-apiserver", "etcd"):
                 out[component] = _fault(lc, kube, plugin, root, ns, component, pause_s, lost)
@@ -125,18 +128,18 @@ def run(lc: localcluster.Cluster, pause_s: float = 8.0) -> dict[str, Any]:
     return out
 
 
-def _deleted_while_down(kube: Kube, plugin: pb.BenchPlugin, root: Path, ns: str, lost: list[str]) -> dict[str, Any]:
+def _deleted_while_down(kube: Kube, plugin: BenchPlugin, root: Path, ns: str, lost: list[str]) -> dict[str, Any]:
     """The real plugin's cleanup pass at start unprepares a claim deleted while it was down."""
-    gone, kept = pb.make_claims(kube, ns, "down", 2, 1, admin=False, timeout=120)
+    gone, kept = pb_claims.make_claims(kube, ns, "down", 2, 1, admin=False, timeout=120)
     with KubeletStub(plugin.socket) as stub:
         answers = stub.prepare([gone.ref, kept.ref]).claims
     if answers[gone.uid].error or answers[kept.uid].error:
         lost.append(f"deleted while down: prepare failed: {answers}")
     plugin.stop()
-    pb.release_claims(kube, [gone], 120)  # the kubelet never unprepared it
+    pb_claims.release_claims(kube, [gone], 120)  # the kubelet never unprepared it
     t0 = time.monotonic()
     plugin.start(wait=False)
-    pb.wait_until(lambda: plugin.socket.is_socket(), 60, "plugin socket")
+    wait_until(lambda: plugin.socket.is_socket(), 60, "plugin socket")
     dirs = PluginDirs(root)
     while gone.uid in dirs.checkpoint().claims and time.monotonic() - t0 < 60:
         time.sleep(0.2)
@@ -148,14 +151,14 @@ def _deleted_while_down(kube: Kube, plugin: pb.BenchPlugin, root: Path, ns: str,
     with KubeletStub(plugin.socket) as stub:
         if stub.unprepare([kept.ref]).claims[kept.uid].error:
             lost.append("deleted while down: unprepare of the kept claim failed")
-    pb.release_claims(kube, [kept], 120)
+    pb_claims.release_claims(kube, [kept], 120)
     return {"unprepared_after_start_s": round(took, 2)}
 
 
-def _fault(lc: localcluster.Cluster, kube: Kube, plugin: pb.BenchPlugin, root: Path, ns: str, component: str,
+def _fault(lc: localcluster.Cluster, kube: Kube, plugin: BenchPlugin, root: Path, ns: str, component: str,
            pause_s: float, lost: list[str]) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    held, fresh = pb.make_claims(kube, ns, f"{component[:4]}", 2, 1, admin=False, timeout=120)
+    held, fresh = pb_claims.make_claims(kube, ns, f"{component[:4]}", 2, 1, admin=False, timeout=120)
     with KubeletStub(plugin.socket) as stub:
         first = stub.prepare([held.ref]).claims[held.uid]
         if first.error:
@@ -187,14 +190,14 @@ def _fault(lc: localcluster.Cluster, kube: Kube, plugin: pb.BenchPlugin, root: P
         if stub.unprepare([fresh.ref]).claims[fresh.uid].error:
             lost.append(f"{component} resumed: unprepare failed")
     lost.extend(f"{component}, prepare phase: {v}" for v in violations(PluginDirs(root)))
-    pb.release_claims(kube, [held, fresh], 120)
+    pb_claims.release_claims(kube, [held, fresh], 120)
 
     # Publishing: restart the plugin with its slices gone, stop the component while it publishes.
     plugin.stop()
-    for s in kube.list(slices_path(), field_selector=f"spec.driver={pb.DRIVER},spec.nodeName={pb.NODE}"):
+    for s in kube.list(slices_path(), field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}"):
         kube.delete(f"{slices_path()}/{s['metadata']['name']}")
     plugin.start(wait=False)
-    pb.wait_until(lambda: plugin.socket.is_socket(), 60, "plugin socket")
+    wait_until(lambda: plugin.socket.is_socket(), 60, "plugin socket")
     with Stopped(lc, component):
         time.sleep(pause_s)
         if not plugin.alive():

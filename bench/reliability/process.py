@@ -1,15 +1,15 @@
 """Crash runs on a real process over the real socket: SIGKILL from outside, the kubelet stub retries.
 
-The fork-based runs (``reliability_crash``) are fast; these check the same thing
+The fork-based runs (``crash.py``) are fast; these check the same thing
 end to end with what the kubelet sees. Each run starts a plugin process
-(``python reliability_process.py serve``: the plugin's gRPC servicers,
+(``python -m bench.reliability.process serve``: the plugin's gRPC servicers,
 ``ClaimFetcher`` and ``DeviceState`` on a unix socket; the API server is a JSON
 file of claim objects), sends concurrent NodePrepareResources and
 NodeUnprepareResources calls through ``tests/kubeletstub.py``, and kills the process
 with SIGKILL after a random delay, or lets it die at a random ``TOPODRA_CRASH_POINT``.
 Then it starts the process again and retries every call that got no answer, as the
 kubelet does, until each succeeds; answered calls must still hold, and
-``reliability_common.violations`` must be empty.
+``common.violations`` must be empty.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from reliability_common import DRIVER, NODE, Node, claim_obj, devices, violations
 
-HERE = Path(__file__).resolve().parent
+from bench.paths import REPO
+from bench.reliability.common import DRIVER, NODE, Node, claim_obj, devices, violations
+
+HERE = REPO / "bench"
 sys.path.insert(0, str(HERE.parent / "tests"))
 from kubeletstub import KubeletStub  # noqa: E402
 
@@ -40,8 +42,7 @@ POINTS = ("prepare-before-write", "prepare-mid-cdi", "after-cdi-written", "after
 
 def serve(root: Path) -> None:
     """The plugin process: real servicers on ``root/dra.sock``, claims read from ``root/api.json``."""
-    from reliability_common import quiet
-
+    from bench.reliability.common import quiet
     from topodra.pb.dra.v1 import api_pb2 as dra_v1
     from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
     from topodra.plugin.server import ClaimFetcher, DRAPluginServicer
@@ -69,11 +70,11 @@ def serve(root: Path) -> None:
 
 def _start(root: Path, point: str | None) -> subprocess.Popen[bytes]:
     (root / "ready").unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("TOPODRA_CRASH_POINT", None)
     if point:
         env["TOPODRA_CRASH_POINT"] = point
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve", str(root)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "bench.reliability.process", "serve", str(root)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not (root / "ready").exists():

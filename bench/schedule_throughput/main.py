@@ -1,4 +1,4 @@
-"""``bench/schedule-throughput``: kube-scheduler pods/s with DRA claims on 500 simulated nodes x 8 GPUs.
+"""``bench/run schedule_throughput``: kube-scheduler pods/s with DRA claims on 500 simulated nodes x 8 GPUs.
 
 Per scenario a fresh local cluster (``hack/localcluster.py``) gets 500 kubelet-less nodes, each with
 one DGX-H100 pool (8 GPUs + 8 NICs) cloned from one run of the real mock discovery. Then, with
@@ -37,14 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(BENCH))
-
-import localcluster  # noqa: E402
-import placement_model as pm  # noqa: E402
-from placement_bench import (  # noqa: E402
+from bench.paths import REPO, result_file, utc_stamp
+from bench.placement import model as pm
+from bench.placement.main import (
     INSTANCE,
     RES,
     BenchError,
@@ -57,12 +52,16 @@ from placement_bench import (  # noqa: E402
     wait_untainted,
 )
 
-from topodra.controller.profile import ClaimProfile  # noqa: E402
-from topodra.controller.render import claim_spec  # noqa: E402
-from topodra.devices import AttributeValue, Device  # noqa: E402
-from topodra.kube import Kube, KubeError  # noqa: E402
-from topodra.simulate import SimNode, discover, fake_node, fake_node_status  # noqa: E402
-from topodra.slices import build_slices  # noqa: E402
+sys.path.insert(0, str(REPO / "hack"))
+
+import localcluster
+
+from topodra.controller.profile import ClaimProfile
+from topodra.controller.render import claim_spec
+from topodra.devices import AttributeValue, Device
+from topodra.kube import Kube, KubeError
+from topodra.simulate import SimNode, discover, fake_node, fake_node_status
+from topodra.slices import build_slices
 
 CORE = "/api/v1"
 PROFILE = "dgx-h100"
@@ -267,7 +266,7 @@ def template_devices() -> list[Device]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/schedule-throughput", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bench/run schedule_throughput", description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", default="full,stripped,topology")
     p.add_argument("--scorer", choices=["both", "off", "on"], default="both")
     p.add_argument("--nodes", type=int, default=500)
@@ -278,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="kube-scheduler's client QPS (burst twice that); Kubernetes' default is 50")
     p.add_argument("--stall", type=float, default=30, help="stop when nothing was scheduled for this long")
     p.add_argument("--timeout", type=float, default=600, help="seconds one scenario may schedule")
-    p.add_argument("--out", help="JSON file (default bench/results/schedule-throughput-<time>.json)")
+    p.add_argument("--out", help="JSON file (default bench/results/schedule_throughput/<UTC time>.json)")
     p.add_argument("--lock-timeout", type=float, default=3600)
     args = p.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -296,10 +295,11 @@ def main(argv: list[str] | None = None) -> int:
                 for with_scorer in scorers:
                     results.append(run_scenario(args, sc, with_scorer, devices))
     except (BenchError, localcluster.ClusterError, KubeError) as e:
-        print(f"bench/schedule-throughput: {e}", file=sys.stderr)
+        print(f"bench/run schedule_throughput: {e}", file=sys.stderr)
         return 1
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"schedule-throughput-{stamp}.json"
+    now = time.time()
+    stamp = utc_stamp(now)
+    out = Path(args.out) if args.out else result_file("schedule_throughput", when=now)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "schedule-throughput", "created": stamp,

@@ -7,7 +7,7 @@
 * ``wait-cdf.png``: CDF of job wait time per policy, all jobs and 8/16-GPU jobs (all seeds pooled);
 * ``free-heatmap.png``: free GPUs per node at each policy's peak utilisation (first seed).
 
-Re-plot a stored result: ``.venv/bin/python bench/placement_plots.py bench/results/placement-*.json``.
+Re-plot a stored result: ``bench/run placement_plots bench/results/placement/<file>.json [OUT_DIR]``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+from bench.paths import REPO
 
 COLORS = {"a": "tab:gray", "b": "tab:orange", "c": "tab:blue", "d": "tab:green"}
 
@@ -106,11 +108,17 @@ def plot_all(doc: Mapping[str, Any], out_dir: Path) -> list[Path]:
             plot_heatmap(doc, out_dir / "free-heatmap.png")]
 
 
-if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        print("usage: placement_plots.py RESULT.json [OUT_DIR]", file=sys.stderr)
-        sys.exit(2)
-    result = json.loads(Path(sys.argv[1]).read_text())
-    target = Path(sys.argv[2]) if len(sys.argv) == 3 else Path(__file__).resolve().parent.parent / "docs" / "placement"
+def main(argv: list[str]) -> int:
+    """``bench/run placement_plots RESULT.json [OUT_DIR]`` (default OUT_DIR: docs/placement)."""
+    if len(argv) not in (1, 2) or argv[0] in ("-h", "--help"):
+        print("usage: bench/run placement_plots RESULT.json [OUT_DIR]", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    result = json.loads(Path(argv[0]).read_text())
+    target = Path(argv[1]) if len(argv) == 2 else REPO / "docs" / "placement"
     for f in plot_all(result, target):
         print(f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

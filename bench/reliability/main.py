@@ -1,4 +1,4 @@
-"""``bench/reliability``: run the campaigns with counts from flags, print a table, write JSON."""
+"""``bench/run reliability``: run the campaigns with counts from flags, print a table, write JSON."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import reliability_cleanup
-import reliability_crash
-import reliability_disk
-import reliability_fuzz
-import reliability_process
+from bench.paths import REPO, result_file
+from bench.reliability import cleanup as reliability_cleanup
+from bench.reliability import crash as reliability_crash
+from bench.reliability import disk as reliability_disk
+from bench.reliability import fuzz as reliability_fuzz
+from bench.reliability import process as reliability_process
 
 PARTS = ("crash", "process", "fuzz", "disk", "cleanup", "apifaults")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/reliability", description=__doc__)
+    p = argparse.ArgumentParser(prog="bench/run reliability", description=__doc__)
     p.add_argument("--crash-runs", type=int, default=500, help="kill -9 runs (default 500)")
     p.add_argument("--process-runs", type=int, default=30,
                    help="kill -9 runs on a real plugin process over its socket (default 30; ~1 s each)")
@@ -36,7 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     p.add_argument("--workdir", type=Path, default=None, help="where the node directories go (default /tmp)")
-    p.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/reliability-<time>.json)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON file (default bench/results/reliability/<UTC time>.json)")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(PARTS)
     if unknown:
@@ -48,13 +50,14 @@ def apifaults(args: argparse.Namespace) -> dict[str, Any]:
     """The API-fault part on its own local control plane, in a turn of the shared cluster lock."""
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack"))
+    sys.path.insert(0, str(REPO / "hack"))
     import localcluster
-    import prepare_bench
-    import reliability_apifaults
+
+    from bench.prepare.main import cluster_lock
+    from bench.reliability import apifaults as reliability_apifaults
 
     start = time.monotonic()
-    with prepare_bench.cluster_lock(args.lock_timeout):
+    with cluster_lock(args.lock_timeout):
         state = Path(tempfile.mkdtemp(prefix="topodra-reliability-cluster-"))
         state.rmdir()  # the harness creates (and removes) its own directory
         lc = localcluster.Cluster(state_dir=state)
@@ -88,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                             check=False).stdout.strip()
     doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
            "host": platform.node(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = args.out or Path(__file__).resolve().parent / "results" / f"reliability-{stamp}.json"
+    out = args.out or result_file("reliability")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{'part':<8} {'count':>8} {'lost':>5} {'seconds':>8}")
