@@ -19,6 +19,8 @@ pytestmark = pytest.mark.cluster
 def test_apiserver_and_etcd_stopped_during_prepare_and_publishing(cluster: ClusterHandle) -> None:
     out = reliability_apifaults.run(cluster.lc, pause_s=5.0)
     assert out["lost"] == []
+    assert out["scenarios"] == ["deleted-while-down", "kube-apiserver/prepare", "kube-apiserver/publishing",
+                                "etcd/prepare", "etcd/publishing"]
     assert out["deleted_while_down"]["unprepared_after_start_s"] < 60
     for component in ("kube-apiserver", "etcd"):
         r = out[component]

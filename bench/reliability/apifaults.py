@@ -103,7 +103,8 @@ def wait_converged(kube: Kube, limit: float) -> tuple[float | None, str]:
 def run(lc: localcluster.Cluster, pause_s: float = 8.0) -> dict[str, Any]:
     """Both faults, both phases, on ``lc``; returns timings and everything lost."""
     lost: list[str] = []
-    out: dict[str, Any] = {"pause_s": pause_s}
+    done: list[str] = []  # scenarios that ran to their end: the count bench/run reliability reports
+    out: dict[str, Any] = {"pause_s": pause_s, "scenarios": done}
     lc.create_fake_nodes([NODE])
     kube = Kube.from_kubeconfig(str(lc.admin_kubeconfig))
     with tempfile.TemporaryDirectory(prefix="topodra-apifault-") as tmp:
@@ -119,8 +120,9 @@ def run(lc: localcluster.Cluster, pause_s: float = 8.0) -> dict[str, Any]:
             kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
             wait_until(lambda: kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"), 60, "default SA")
             out["deleted_while_down"] = _deleted_while_down(kube, plugin, root, ns, lost)
+            done.append("deleted-while-down")
             for component in ("kube-apiserver", "etcd"):
-                out[component] = _fault(lc, kube, plugin, root, ns, component, pause_s, lost)
+                out[component] = _fault(lc, kube, plugin, root, ns, component, pause_s, lost, done)
         finally:
             plugin.stop()
             kube.close()
@@ -156,7 +158,7 @@ def _deleted_while_down(kube: Kube, plugin: BenchPlugin, root: Path, ns: str, lo
 
 
 def _fault(lc: localcluster.Cluster, kube: Kube, plugin: BenchPlugin, root: Path, ns: str, component: str,
-           pause_s: float, lost: list[str]) -> dict[str, Any]:
+           pause_s: float, lost: list[str], done: list[str]) -> dict[str, Any]:
     res: dict[str, Any] = {}
     held, fresh = pb_claims.make_claims(kube, ns, f"{component[:4]}", 2, 1, admin=False, timeout=120)
     with KubeletStub(plugin.socket) as stub:
@@ -191,6 +193,7 @@ def _fault(lc: localcluster.Cluster, kube: Kube, plugin: BenchPlugin, root: Path
             lost.append(f"{component} resumed: unprepare failed")
     lost.extend(f"{component}, prepare phase: {v}" for v in violations(PluginDirs(root)))
     pb_claims.release_claims(kube, [held, fresh], 120)
+    done.append(f"{component}/prepare")
 
     # Publishing: restart the plugin with its slices gone, stop the component while it publishes.
     plugin.stop()
@@ -211,4 +214,5 @@ def _fault(lc: localcluster.Cluster, kube: Kube, plugin: BenchPlugin, root: Path
     ok, what = slice_state(kube)
     if not ok:
         lost.append(f"{component} resumed: slices diverged again: {what}")
+    done.append(f"{component}/publishing")
     return res

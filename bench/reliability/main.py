@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,21 @@ from bench.reliability import fuzz as reliability_fuzz
 from bench.reliability import process as reliability_process
 
 PARTS = ("crash", "process", "fuzz", "disk", "cleanup", "apifaults")
+
+
+def count_of(part: str, result: Mapping[str, Any]) -> tuple[int, str]:
+    """How much a part did, read from its own result (what the table's count column shows), and its unit."""
+    if part in ("crash", "process"):
+        return int(result["runs"]), "runs"
+    if part == "fuzz":
+        return int(result["requests"]), "requests"
+    if part == "disk":
+        return int(result["rounds_per_target"]) * len(result["targets"]), "rounds"
+    if part == "cleanup":
+        return int(result["rounds"]), "rounds"
+    if part == "apifaults":
+        return len(result["scenarios"]), "scenarios"
+    raise ValueError(f"unknown part {part!r}; parts are {', '.join(PARTS)}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -94,13 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or result_file("reliability")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'part':<8} {'count':>8} {'lost':>5} {'seconds':>8}")
+    print(f"{'part':<9} {'count':>8} {'of':<9} {'lost':>5} {'seconds':>8}")
     total_lost = 0
     for part, r in results.items():
-        count = (r.get("runs") or r.get("requests") or r.get("rounds") or 2 * r.get("rounds_per_target", 0)
-                 or 4 * ("kube-apiserver" in r))  # apifaults: 2 components x (prepare, publishing)
+        count, unit = count_of(part, r)
         total_lost += len(r["lost"])
-        print(f"{part:<8} {count:>8} {len(r['lost']):>5} {r['seconds']:>8}")
+        print(f"{part:<9} {count:>8} {unit:<9} {len(r['lost']):>5} {r['seconds']:>8}")
         for line in r["lost"][:20]:
             print(f"  LOST {line}", file=sys.stderr)
     print(f"wrote {out}")
