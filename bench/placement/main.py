@@ -674,6 +674,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="no cluster: combine the runs of earlier result files (e.g. a matrix run in parts; a "
                         "later file's run of the same policy and seed replaces an earlier one), summarize, plot")
     args = p.parse_args(argv)
+    try:
+        result_file("placement", args.label)
+    except ValueError as e:
+        p.error(f"--label: {e}")
     if args.merge:
         return merge(args)
     policies = [x for x in args.policies.split(",") if x]
