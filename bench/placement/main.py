@@ -1,4 +1,4 @@
-"""``bench/placement``: replay GPU jobs through the real kube-scheduler and measure placement quality.
+"""``bench/run placement``: replay GPU jobs through the real kube-scheduler and measure placement quality.
 
 What runs (all loopback, all real except the kubelets):
 
@@ -695,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace:
             pm.alibaba_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
     except (ValueError, pm.WorkloadError) as e:
-        print(f"bench/placement: {e}", file=sys.stderr)
+        print(f"bench/run placement: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else result_file("placement", args.label)
     try:
@@ -703,16 +703,16 @@ def main(argv: list[str] | None = None) -> int:
             failed: list[dict[str, Any]] = []
             results = run_matrix(args, cluster, policies, failed)
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
-        print(f"bench/placement: {e}", file=sys.stderr)
+        print(f"bench/run placement: {e}", file=sys.stderr)
         return 1
     if not results:
-        print(f"bench/placement: every run failed: {failed}", file=sys.stderr)
+        print(f"bench/run placement: every run failed: {failed}", file=sys.stderr)
         return 1
     rc = finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
                        "policies": {k: pm.POLICIES[k] for k in policies}, "failed_runs": failed},
                 results_as_dicts(results), out)
     if failed:
-        print(f"bench/placement: {len(failed)} run(s) failed and are not in the results: {failed}", file=sys.stderr)
+        print(f"bench/run placement: {len(failed)} run(s) failed and are not in the results: {failed}", file=sys.stderr)
         return 1
     return rc
 
@@ -730,11 +730,11 @@ def merge(args: argparse.Namespace) -> int:
         try:
             doc = json.loads(Path(f).read_text())
         except (OSError, ValueError) as e:
-            print(f"bench/placement: cannot read {f}: {e}", file=sys.stderr)
+            print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
         same = ("jobs", "load", "burst_load", "tick", "trace", "cluster")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
-            print(f"bench/placement: {f} was run with other workload settings ({same})", file=sys.stderr)
+            print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
         first_args = first_args or doc["args"]
         for r in doc["runs"]:

@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO / "hack"))
 
 import localcluster
 
-LOCK_FILE = "/tmp/topodra-test-cluster.lock"  # the pytest cluster fixtures and bench/prepare take it too
+LOCK_FILE = "/tmp/topodra-test-cluster.lock"  # the pytest cluster fixtures take it too (bench/run inventory also)
 DEFAULT_CLUSTER = REPO / "hack/clusters/enterprise-400.yaml"
 TARGET_S = 10.0
 _SETUP_LOG = re.compile(r"simulating \d+ nodes \(discovery \+ node objects in ([0-9.]+)s")
