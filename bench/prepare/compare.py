@@ -41,7 +41,6 @@ BLOCK_WARMUP = 2  # untimed cycles per caller at the start of every block (the o
 COMPARE_STATS = (("prepare_ms", "median"), ("prepare_ms", "p99"), ("unprepare_ms", "median"), ("unprepare_ms", "p99"))
 
 
-
 def block_order(rounds: int) -> list[tuple[str, str]]:
     """Side order of each round, A B then B A alternately, so neither side always runs first."""
     return [("a", "b") if i % 2 == 0 else ("b", "a") for i in range(rounds)]
@@ -83,7 +82,6 @@ def format_comparison(rows: list[dict[str, Any]], a_label: str, b_label: str) ->
         lines.append(f"{r['scenario']:{width}s}  {r['metric']:22s} {num(r['a']):>12s} {num(r['b']):>12s} "
                      f"{num(r['ratio']):>6s}")
     return "\n".join(lines)
-
 
 
 @dataclass(frozen=True)

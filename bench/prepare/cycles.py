@@ -84,7 +84,6 @@ class CycleChecker:
             raise BenchError(f"CDI spec of {claim.name} still there after unprepare")
 
 
-
 def drive(name: str, stub: KubeletStub, claims: list[Claim], checker: CycleChecker, concurrency: int,
           cycles_per_caller: int, warmup: int, on_ready: Callable[[], None] | None = None,
           ) -> tuple[list[float], list[float], float]:

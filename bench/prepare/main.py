@@ -96,7 +96,6 @@ def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
     raise Timeout("benchmark exceeded --timeout")
 
 
-
 def host_info() -> dict[str, Any]:
     return {"python": platform.python_version(), "kernel": platform.release(), "cpus": os.cpu_count(),
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],

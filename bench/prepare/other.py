@@ -85,7 +85,6 @@ def expand_template(template: str, values: Mapping[str, str]) -> list[str]:
     return out
 
 
-
 class OtherPlugin:
     """The plugin to compare with: ``binary`` started with the expanded template, its own directories."""
 

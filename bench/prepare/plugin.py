@@ -75,7 +75,6 @@ class RssSampler:
         self._thread.join(5)
 
 
-
 def server_totals(plugin: BenchPlugin) -> dict[str, tuple[float, float]]:
     text = plugin.metrics()
     out = {}

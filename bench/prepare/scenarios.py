@@ -120,7 +120,6 @@ def _bench(args: argparse.Namespace, lc: localcluster.Cluster, kube: Kube, workd
         plugin.stop()
 
 
-
 def verdicts(result: dict[str, Any]) -> dict[str, Any]:
     by_name = {s["name"]: s for s in result["scenarios"]}
     seq8 = by_name["sequential 8-GPU exclusive"]["prepare_ms"]
