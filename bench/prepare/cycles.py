@@ -16,7 +16,6 @@ from typing import Any
 
 from bench.paths import REPO
 
-sys.path.insert(0, str(REPO / "hack"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from kubeletstub import KubeletStub

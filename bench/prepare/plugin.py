@@ -14,7 +14,6 @@ from typing import Any
 from bench.paths import REPO
 
 sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(REPO / "tests"))
 
 import localcluster
 from pluginproc import PluginProcess
