@@ -27,7 +27,7 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
-	MYPYPATH=driver:tests:hack:hack/images:bench $(VENV)/bin/mypy tests $(wildcard hack/*.py hack/images/*.py bench/*.py)
+	MYPYPATH=driver:tests:hack:hack/images $(VENV)/bin/mypy tests $(wildcard hack/*.py hack/images/*.py) bench
 
 # The loopback-cluster suite, then the reduced kind check (one real kind node with the Helm chart; first run
 # builds the offline node image, ~16 min cold, cached after). TOPODRA_SKIP_KIND=1 skips the kind part locally.

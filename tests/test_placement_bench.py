@@ -7,22 +7,16 @@ accounted for, no GPU of a type the job did not list, metrics within their range
 
 from __future__ import annotations
 
+import itertools
 import math
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "bench"))
-
-import itertools
-
-import placement_bench as pb
-import placement_model as pm
-
+from bench.placement import main as pb
+from bench.placement import model as pm
 from topodra.deviceclasses import catalog
 
 # --------------------------------------------------------------------------- workloads
@@ -345,7 +339,7 @@ def test_histogram_quantiles_over_a_window() -> None:
 
 
 def test_throughput_slope_between_10_and_90_percent() -> None:
-    import schedule_throughput as st
+    from bench.schedule_throughput import main as st
 
     samples = [(0.0, 0.0), (1.0, 0.0), (2.0, 50.0), (4.0, 150.0), (5.0, 200.0)]
     # 20 pods at t=1.4, 180 pods at t=4.6: 160 pods in 3.2 s
@@ -354,8 +348,7 @@ def test_throughput_slope_between_10_and_90_percent() -> None:
 
 
 def test_cloned_and_stripped_slices() -> None:
-    import schedule_throughput as st
-
+    from bench.schedule_throughput import main as st
     from topodra.devices import AttributeValue, Device
 
     tmpl = [Device(name="gpu-0", kind="gpu", capacity={"memory": "80Gi"}, attributes={
@@ -371,7 +364,7 @@ def test_cloned_and_stripped_slices() -> None:
 
 
 def test_throughput_claims_and_mix() -> None:
-    import schedule_throughput as st
+    from bench.schedule_throughput import main as st
 
     one, eight = st.claim_specs("full")
     assert one["devices"]["requests"][0]["exactly"]["count"] == 1 and "constraints" not in one["devices"]

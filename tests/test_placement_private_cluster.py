@@ -4,15 +4,12 @@ hold the shared fixed-port cluster's lock that every test session waits for."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import localcluster
 import pytest
-from conftest import REPO, ClusterHandle
-
-sys.path.insert(0, str(REPO / "bench"))
+from conftest import ClusterHandle
 
 
 def test_private_ports_are_free_distinct_and_off_the_fixed_ones() -> None:
@@ -93,7 +90,7 @@ def test_private_cluster_runs_beside_the_shared_one_and_leaves_it_alone(cluster:
 
 
 def test_bench_retries_a_private_start_on_new_ports(monkeypatch: pytest.MonkeyPatch) -> None:
-    import placement_bench as pb
+    from bench.placement import main as pb
 
     tried: list[localcluster.Ports] = []
 

@@ -7,7 +7,6 @@ file); the target is zero.  The full sizes and their numbers: docs/reliability.m
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,16 +14,13 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-import reliability_cleanup
-import reliability_common as rcom
-import reliability_crash
-import reliability_disk
-import reliability_fuzz
-import reliability_main
-import reliability_process
-
+from bench.reliability import cleanup as reliability_cleanup
+from bench.reliability import common as rcom
+from bench.reliability import crash as reliability_crash
+from bench.reliability import disk as reliability_disk
+from bench.reliability import fuzz as reliability_fuzz
+from bench.reliability import main as reliability_main
+from bench.reliability import process as reliability_process
 from topodra.claims import ClaimRef
 from topodra.plugin.cleanup import CleanupLoop, cleanup_once
 from topodra.plugin.server import ClaimFetcher

@@ -8,15 +8,10 @@ ResourceSlices converge within 30 s with no duplicates.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-import reliability_apifaults
 from conftest import ClusterHandle
+
+from bench.reliability import apifaults as reliability_apifaults
 
 pytestmark = pytest.mark.cluster
 
@@ -24,6 +19,8 @@ pytestmark = pytest.mark.cluster
 def test_apiserver_and_etcd_stopped_during_prepare_and_publishing(cluster: ClusterHandle) -> None:
     out = reliability_apifaults.run(cluster.lc, pause_s=5.0)
     assert out["lost"] == []
+    assert out["scenarios"] == ["deleted-while-down", "kube-apiserver/prepare", "kube-apiserver/publishing",
+                                "etcd/prepare", "etcd/publishing"]
     assert out["deleted_while_down"]["unprepared_after_start_s"] < 60
     for component in ("kube-apiserver", "etcd"):
         r = out[component]

@@ -1,0 +1,1 @@
+"""bench/run kueue_latency: job creation to GPUs allocated, with and without Kueue."""

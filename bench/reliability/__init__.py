@@ -1,0 +1,1 @@
+"""bench/run reliability: crash points, fuzzing, disk full, deleted while down, API faults."""

@@ -1,0 +1,1 @@
+"""bench/run scorer_latency: the placement scorer's prioritize latency, without a cluster."""
