@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from simulate_bench import REPO, log, summarize, with_cluster
+from bench.simulate_bench import REPO, log, summarize, with_cluster
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.apipaths import (

@@ -30,12 +30,10 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(BENCH))
 
-import localcluster  # noqa: E402
-import localkueue  # noqa: E402
-from placement_bench import BenchError, install_classes, publish  # noqa: E402
+from bench.placement_bench import BenchError, install_classes, publish  # noqa: E402
+from testkit import cluster as localcluster  # noqa: E402
+from testkit import kueue as localkueue  # noqa: E402
 
 from topodra.controller import kueue as kq  # noqa: E402
 from topodra.controller.profile import ClaimProfile  # noqa: E402

@@ -50,11 +50,9 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(BENCH))
 
-import localcluster  # noqa: E402
-import placement_model as pm  # noqa: E402
+from bench import placement_model as pm  # noqa: E402
+from testkit import cluster as localcluster  # noqa: E402
 
 from topodra.deviceclasses import catalog, to_device_class  # noqa: E402
 from topodra.kube import Kube, KubeError  # noqa: E402
@@ -763,7 +761,7 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     out.with_suffix(".md").write_text(markdown_table(summary) + "\n")
     if args.plots:
         try:  # matplotlib is the optional [bench] extra
-            import placement_plots
+            from bench import placement_plots
         except ImportError as e:
             log(f"no plots ({e}); install the bench extra: pip install -e '.[bench]'")
         else:

@@ -59,12 +59,10 @@ from typing import Any
 import grpc
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(REPO / "tests"))
 
-import localcluster  # noqa: E402
-from kubeletstub import KubeletStub  # noqa: E402
-from pluginproc import PluginProcess  # noqa: E402
+from testkit import cluster as localcluster  # noqa: E402
+from testkit.kubeletstub import KubeletStub  # noqa: E402
+from testkit.pluginproc import PluginProcess  # noqa: E402
 
 from topodra import DEFAULT_DRIVER_NAME  # noqa: E402
 from topodra.apipaths import claim_path, slices_path  # noqa: E402

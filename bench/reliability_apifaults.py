@@ -24,21 +24,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reliability_common import Node, violations
+from bench.reliability_common import Node, violations
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "hack"))
-sys.path.insert(0, str(HERE.parent / "tests"))
-import localcluster  # noqa: E402
-import prepare_bench as pb  # noqa: E402
-from kubeletstub import KubeletStub  # noqa: E402
+from bench import prepare_bench as pb  # noqa: E402
+from testkit import cluster as localcluster  # noqa: E402
+from testkit.kubeletstub import KubeletStub  # noqa: E402
 
 from topodra.apipaths import slices_path  # noqa: E402
 from topodra.kube import Kube  # noqa: E402

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reliability_common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
+from bench.reliability_common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
 
 from topodra.claims import ClaimRef
 from topodra.plugin.cleanup import cleanup_once

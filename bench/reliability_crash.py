@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reliability_common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
+from bench.reliability_common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
 
 from topodra.claims import ClaimError, ClaimRef, FetchedClaim, UnavailableClaim, allocated_claim
 from topodra.state import DeviceState

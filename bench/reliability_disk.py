@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reliability_common import DRIVER, NODE, Node, claim_obj, quiet, violations
+from bench.reliability_common import DRIVER, NODE, Node, claim_obj, quiet, violations
 
 from topodra.claims import ClaimRef
 from topodra.plugin.server import ClaimFetcher

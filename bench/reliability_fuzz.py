@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from bench.reliability_common import DRIVER, NODE, OTHER_DRIVER, Node, claim_obj, quiet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
-from reliability_common import DRIVER, NODE, OTHER_DRIVER, Node, claim_obj, quiet
 
 from topodra.claims import ClaimRef, ref_problem
 from topodra.pb.dra.v1 import api_pb2 as dra_v1

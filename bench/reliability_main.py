@@ -11,11 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import reliability_cleanup
-import reliability_crash
-import reliability_disk
-import reliability_fuzz
-import reliability_process
+from bench import reliability_cleanup, reliability_crash, reliability_disk, reliability_fuzz, reliability_process
 
 PARTS = ("crash", "process", "fuzz", "disk", "cleanup", "apifaults")
 
@@ -48,10 +44,8 @@ def apifaults(args: argparse.Namespace) -> dict[str, Any]:
     """The API-fault part on its own local control plane, in a turn of the shared cluster lock."""
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack"))
-    import localcluster
-    import prepare_bench
-    import reliability_apifaults
+    from bench import prepare_bench, reliability_apifaults
+    from testkit import cluster as localcluster
 
     start = time.monotonic()
     with prepare_bench.cluster_lock(args.lock_timeout):

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from reliability_common import DRIVER, NODE, Node, claim_obj, devices, violations
+from bench.reliability_common import DRIVER, NODE, Node, claim_obj, devices, violations
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from kubeletstub import KubeletStub  # noqa: E402
+from testkit.kubeletstub import KubeletStub  # noqa: E402
 
 POINTS = ("prepare-before-write", "prepare-mid-cdi", "after-cdi-written", "after-checkpoint-written",
           "after-unprepare-cdi-removed", "after-unprepare-checkpoint-written")
@@ -40,7 +39,7 @@ POINTS = ("prepare-before-write", "prepare-mid-cdi", "after-cdi-written", "after
 
 def serve(root: Path) -> None:
     """The plugin process: real servicers on ``root/dra.sock``, claims read from ``root/api.json``."""
-    from reliability_common import quiet
+    from bench.reliability_common import quiet
 
     from topodra.pb.dra.v1 import api_pb2 as dra_v1
     from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc

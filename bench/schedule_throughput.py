@@ -39,12 +39,9 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(BENCH))
 
-import localcluster  # noqa: E402
-import placement_model as pm  # noqa: E402
-from placement_bench import (  # noqa: E402
+from bench import placement_model as pm  # noqa: E402
+from bench.placement_bench import (  # noqa: E402
     INSTANCE,
     RES,
     BenchError,
@@ -56,6 +53,7 @@ from placement_bench import (  # noqa: E402
     parse_metrics,
     wait_untainted,
 )
+from testkit import cluster as localcluster  # noqa: E402
 
 from topodra.controller.profile import ClaimProfile  # noqa: E402
 from topodra.controller.render import claim_spec  # noqa: E402

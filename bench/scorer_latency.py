@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "hack"))
 
-from localcluster import free_port  # noqa: E402
-from placement_views import claim, device_classes, node_slices  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
+from testkit.views import claim, device_classes, node_slices  # noqa: E402
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER  # noqa: E402
 from topodra.kube import Kube, Obj  # noqa: E402

@@ -48,9 +48,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hack"))
 
-import localcluster  # noqa: E402
+from testkit import cluster as localcluster  # noqa: E402
 
 LOCK_FILE = "/tmp/topodra-test-cluster.lock"  # the pytest cluster fixtures and bench/prepare take it too
 DEFAULT_CLUSTER = REPO / "hack/clusters/enterprise-400.yaml"
