@@ -16,6 +16,11 @@ from testkit.paths import REPO
 from topodra.kube import Kube, SimpleConfig, Urllib3Transport
 
 
+class KubectlError(RuntimeError):
+    """kubectl exited non-zero. Not an AssertionError: inside ``wait_for`` it is a transient failure
+    (the object is not there yet), retried like an API error, not a verdict that ends the wait."""
+
+
 class ClusterHandle:
     """What tests get: kubeconfig, an admin client, kubectl, YAML apply, fake nodes."""
 
@@ -32,7 +37,7 @@ class ClusterHandle:
         r = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
                            capture_output=True, text=True, input=input, timeout=timeout, check=False)
         if check and r.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+            raise KubectlError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
         return r.stdout if r.returncode == 0 else r.stdout + r.stderr
 
     def apply_yaml(self, text_or_path: str | Path, *extra: str) -> str:
@@ -98,7 +103,11 @@ class ClusterHandle:
 
 
 def wait_for(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
-    """Poll ``fn`` until it returns something truthy; fail with ``what`` on timeout."""
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` on timeout.
+
+    Any other exception (an API error, a kubectl that found nothing yet) is transient and retried;
+    an AssertionError is ``fn``'s verdict ("the pod Failed") and ends the wait at once, so a
+    fail-fast predicate fails in a poll interval, not after the whole timeout."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while time.monotonic() < deadline:
@@ -106,6 +115,8 @@ def wait_for(fn: Callable[[], Any], timeout: float, what: str, interval: float =
             v = fn()
             if v:
                 return v
+        except AssertionError:
+            raise
         except Exception as e:
             last_exc = e
         time.sleep(interval)
