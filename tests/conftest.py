@@ -10,6 +10,7 @@ node) so the whole run shares one cluster.  Component logs are copied to
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sys
 import tempfile
@@ -85,6 +86,14 @@ class _Manager:
 
 
 _MANAGER = _Manager()
+
+
+@pytest.fixture(autouse=True)
+def _logging_enabled() -> Iterator[None]:
+    """bench's campaigns silence logging process-wide (``reliability_common.quiet``); a later test's
+    caplog must not depend on whether one ran before it in the session."""
+    yield
+    logging.disable(logging.NOTSET)
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,18 @@
-"""What the deploy tests read from deploy/ and the Helm chart: the shipped objects by kind and name.
+"""What the deploy tests read from deploy/: the shipped objects by kind and name.
 
 Shared by the offline checks (tests/unit/deploy) and the ones that apply the same objects to the real
 cluster (tests/cluster), so both look at exactly the same documents."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import gen_manifests
 import yaml
 from testkit.paths import REPO
 
 Obj = dict[str, Any]
 DEPLOY = REPO / "deploy"
-CHART = REPO / "deploy" / "helm" / "topodra"
 
 
 def docs(*paths: Path) -> list[Obj]:
@@ -44,20 +41,3 @@ def plugin_ds() -> Obj:
 
 def controller_deploy() -> Obj:
     return one(docs(DEPLOY / "controller"), "Deployment", "topodra-controller")
-
-
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    """The pinned helm binary (hack/build-bins) with ``args``."""
-    return subprocess.run([str(gen_manifests.helm()), *args], capture_output=True, text=True, timeout=120,
-                          check=False)
-
-
-def render(*values: str, namespace: str = "topodra-system") -> list[Obj]:
-    """The chart rendered with ``--set`` ``values``, as objects."""
-    return [o for o, _ in gen_manifests.split(gen_manifests.render(list(values), namespace=namespace))]
-
-
-def only(objs: list[Obj], kind: str) -> Obj:
-    found = [o for o in objs if o["kind"] == kind]
-    assert len(found) == 1, f"{len(found)} {kind}"
-    return found[0]

@@ -9,6 +9,7 @@ plugin label its own node and denies another node, a foreign label and a Node sp
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -19,7 +20,7 @@ from testkit.handle import ClusterHandle, wait_for
 from testkit.nodes import devices, label, labels_of
 
 from topodra.apipaths import node_path
-from topodra.nodelabels import GPU_COUNT, GPU_MODEL, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
+from topodra.nodelabels import GPU_COUNT, GPU_MODEL, MANAGED, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
 from topodra.plugin.nodelabel import LabelError, NodeLabeler
 
 Obj = dict[str, Any]
@@ -127,3 +128,36 @@ def test_admission_policy_keeps_the_plugin_to_its_own_nodes_topodra_labels(clust
         for n in (here, there):
             nc.kube.delete(node_path(n))
         nc.kube.delete(f"/api/v1/namespaces/{ns}")
+
+
+# --------------------------------------------------------------------------- the chart, rendered by the pinned helm
+
+
+def test_admission_policy_allows_exactly_the_labels_the_plugin_manages() -> None:
+    """The policy's key list and nodelabels.MANAGED must not drift apart (the chart cannot import Python)."""
+    text = gen_manifests.render(["controller.enabled=false"], namespace="topodra-system")
+    [vap] = [o for o, _ in gen_manifests.split(text)
+             if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("-own-node-labels")]
+    [keys] = [v["expression"] for v in vap["spec"]["variables"] if v["name"] == "managedKeys"]
+    assert sorted(json.loads(keys)) == sorted(MANAGED)
+
+
+def test_chart_metrics_address_and_readiness() -> None:
+    def plugin_container(*values: str) -> Obj:
+        objs = [o for o, _ in gen_manifests.split(gen_manifests.render(list(values)))]
+        (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        return dict(c)
+
+    def address(c: Obj) -> Obj:
+        return next(e for e in c["env"] if e["name"] == "TOPODRA_METRICS_ADDRESS")
+
+    c = plugin_container()
+    assert address(c) == {"name": "TOPODRA_METRICS_ADDRESS", "value": "127.0.0.1"}  # safe default
+    assert c["readinessProbe"]["exec"]["command"] == c["livenessProbe"]["exec"]["command"]
+    pod_ip = {"name": "TOPODRA_METRICS_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert address(plugin_container("plugin.metricsAddress=podIP")) == pod_ip
+    assert address(plugin_container("metrics.service=true")) == pod_ip  # a Service must reach it
+    assert address(plugin_container("metrics.service=true", "plugin.metricsAddress=0.0.0.0"))["value"] == "0.0.0.0"
+    with pytest.raises(SystemExit, match="metricsAddress"):
+        gen_manifests.render(["plugin.metricsAddress=example.com"])

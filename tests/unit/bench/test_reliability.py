@@ -7,10 +7,8 @@ file); the target is zero.  The full sizes and their numbers: docs/reliability.m
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ import pytest
 from bench import (
     reliability_cleanup,
     reliability_crash,
-    reliability_disk,
     reliability_fuzz,
     reliability_main,
     reliability_process,
@@ -29,14 +26,6 @@ from topodra.claims import ClaimRef
 from topodra.plugin.cleanup import CleanupLoop, cleanup_once
 from topodra.plugin.server import ClaimFetcher
 from topodra.state import DeviceState
-
-
-@pytest.fixture(autouse=True)
-def _logging_back_on() -> Iterator[None]:
-    """The campaigns silence logging process-wide (``reliability_common.quiet``); later tests in the
-    session (caplog assertions) need it back."""
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def test_crash_points_lose_nothing(tmp_path: Path) -> None:
@@ -80,11 +69,6 @@ def test_path_traversal_in_uid_cannot_name_a_file(tmp_path: Path) -> None:
     for uid in ("../x", "a/b", "..", ".", "", "x\0y"):
         with pytest.raises(ValueError, match="cannot name a CDI spec file"):
             cdi.spec_path(tmp_path, rcom.DRIVER, uid)
-
-
-def test_disk_full_on_cdi_and_checkpoint_dirs(tmp_path: Path) -> None:
-    out = reliability_disk.run(1, root=tmp_path)  # mounts tmpfs: the test suite runs as root, as the cluster does
-    assert out["lost"] == []
 
 
 # ---------------------------------------------------------------- claims deleted while the plugin was down

@@ -10,18 +10,16 @@ plugin label its own node and denies another node, a foreign label and a Node sp
 from __future__ import annotations
 
 import argparse
-import json
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import gen_manifests
 import pytest
 from testkit.nodes import devices, node
 
 from topodra.hardware import load_backend
-from topodra.nodelabels import GPU_COUNT, GPU_MODEL, MANAGED, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
+from topodra.nodelabels import GPU_COUNT, GPU_MODEL, NVLINK_CLIQUE, RAIL_GROUP, SCALABLE_UNIT
 from topodra.plugin import config as plugin_config
 from topodra.plugin.config import ConfigError
 from topodra.plugin.nodelabel import backoff, node_patch, wanted_labels
@@ -93,18 +91,6 @@ def test_topology_comes_from_the_hardware_config_and_is_not_a_discovery_override
         cfg_with(tmp_path, None, TOPODRA_NODE_LABELS="maybe")
 
 
-# --------------------------------------------------------------------------- the admission policy, as rendered
-
-
-def test_admission_policy_allows_exactly_the_labels_the_plugin_manages() -> None:
-    """The policy's key list and nodelabels.MANAGED must not drift apart (the chart cannot import Python)."""
-    text = gen_manifests.render(["controller.enabled=false"], namespace="topodra-system")
-    [vap] = [o for o, _ in gen_manifests.split(text)
-             if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("-own-node-labels")]
-    [keys] = [v["expression"] for v in vap["spec"]["variables"] if v["name"] == "managedKeys"]
-    assert sorted(json.loads(keys)) == sorted(MANAGED)
-
-
 # --------------------------------------------------------------------------- metrics address, readiness
 
 
@@ -123,24 +109,3 @@ def test_metrics_address_is_an_ip_and_defaults_to_loopback(tmp_path: Path) -> No
     finally:
         server.shutdown()
         server.server_close()
-
-
-def test_chart_metrics_address_and_readiness() -> None:
-    def plugin_container(*values: str) -> Obj:
-        objs = [o for o, _ in gen_manifests.split(gen_manifests.render(list(values)))]
-        (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
-        (c,) = ds["spec"]["template"]["spec"]["containers"]
-        return dict(c)
-
-    def address(c: Obj) -> Obj:
-        return next(e for e in c["env"] if e["name"] == "TOPODRA_METRICS_ADDRESS")
-
-    c = plugin_container()
-    assert address(c) == {"name": "TOPODRA_METRICS_ADDRESS", "value": "127.0.0.1"}  # safe default
-    assert c["readinessProbe"]["exec"]["command"] == c["livenessProbe"]["exec"]["command"]
-    pod_ip = {"name": "TOPODRA_METRICS_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    assert address(plugin_container("plugin.metricsAddress=podIP")) == pod_ip
-    assert address(plugin_container("metrics.service=true")) == pod_ip  # a Service must reach it
-    assert address(plugin_container("metrics.service=true", "plugin.metricsAddress=0.0.0.0"))["value"] == "0.0.0.0"
-    with pytest.raises(SystemExit, match="metricsAddress"):
-        gen_manifests.render(["plugin.metricsAddress=example.com"])
