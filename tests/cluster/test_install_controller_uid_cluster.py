@@ -3,6 +3,8 @@
 The pod once crash-looped: kopf names itself through ``getpass.getuser()``, which raises KeyError for
 uid 65532 (no /etc/passwd line). Here the real ``topodra controller`` runs under ``setpriv`` as that uid,
 with no USER/LOGNAME/HOME in its environment, against the real apiserver as its ServiceAccount.
+
+Split by tier; the rest: tests/node/test_install_controller_uid_node.py.
 """
 
 from __future__ import annotations

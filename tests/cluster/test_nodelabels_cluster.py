@@ -5,6 +5,8 @@ an NVL72 rack with ``topodra simulate``'s code, checks the labels on the Node ob
 kube-scheduler keeping both pods of a 2 x 8-GPU job in one scalable unit through pod affinity on
 ``topodra.io/scalable-unit``: with scalable unit 1 full except one node and 25 empty nodes in unit 2, the
 second pod can only land on that one node.
+
+Split by tier; the rest: tests/unit/nodelabels/test_nodelabels.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Pure: what is wanted, the merge patch, the backoff, the admin's topology from --
 Real apiserver: ``NodeLabeler`` retries while its Node is missing and labels it once it exists, follows a
 device change, removes only its own stale labels; the chart's policy, with a real pod-bound token, lets the
 plugin label its own node and denies another node, a foreign label and a Node spec change with clear messages.
+
+Split by tier; the rest: tests/node/test_nodelabels_plugin_node.py, tests/unit/nodelabels/test_nodelabels_plugin.py.
 """
 
 from __future__ import annotations

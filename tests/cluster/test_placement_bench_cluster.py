@@ -3,6 +3,8 @@
 The smoke replay runs policies (b) and (c) of a short synthetic stream through the real
 kube-scheduler on 12 simulated DGX nodes and checks what the benchmark reports: every job placed or
 accounted for, no GPU of a type the job did not list, metrics within their ranges.
+
+Split by tier; the rest: tests/unit/bench/test_placement_bench.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""GPU memory as consumable capacity: publishing, the real scheduler sharing one GPU, and each share's limit."""
+"""GPU memory as consumable capacity: publishing, the real scheduler sharing one GPU, and each share's limit.
+
+Split by tier; the rest: tests/unit/sharing/test_sharing_memory.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""MIG as partitionable devices: fake NVML MIG semantics, discovery, counters, and the real apiserver's validation."""
+"""MIG as partitionable devices: fake NVML MIG semantics, discovery, counters, and the real apiserver's validation.
+
+Split by tier; the rest: tests/unit/sharing/test_sharing_mig.py.
+"""
 
 from __future__ import annotations
 

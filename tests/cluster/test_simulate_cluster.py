@@ -1,4 +1,7 @@
-"""Simulated clusters: every mock profile published through the real apiserver with the documented topology."""
+"""Simulated clusters: every mock profile published through the real apiserver with the documented topology.
+
+Split by tier; the rest: tests/unit/slices/test_simulate.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""devices -> ResourceSlices (pure), and the publisher against the real apiserver."""
+"""devices -> ResourceSlices (pure), and the publisher against the real apiserver.
+
+Split by tier; the rest: tests/unit/slices/test_slices.py.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ real DRA devices: the real kube-scheduler creates a ResourceClaim for it and all
 class that names the resource.  Proven here on simulated nodes (allocation, model pinning, ResourceQuota,
 the device-plugin rule) and on the real node, where our kubelet plugin prepares the claim and the
 container sees exactly what a claim-template pod sees.
+
+Split by tier; the rest: tests/cluster/test_extended_resource_cluster.py,
+tests/unit/deviceclasses/test_extended_resource.py.
 """
 
 from __future__ import annotations

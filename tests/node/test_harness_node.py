@@ -1,4 +1,7 @@
-"""The local cluster is real: API validation, controller-manager, quota, and a real kubelet running a pod."""
+"""The local cluster is real: API validation, controller-manager, quota, and a real kubelet running a pod.
+
+Split by tier; the rest: tests/cluster/test_harness.py.
+"""
 
 from __future__ import annotations
 

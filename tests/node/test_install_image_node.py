@@ -3,6 +3,8 @@
 Building needs root and (the first time) Debian's mirror and PyPI; later builds reuse the cached Debian
 layer and wheels (about a minute). The image's layers are unpacked and its python runs, chrooted, as the
 controller's uid and as root, the way a container runtime would start it.
+
+Split by tier; the rest: tests/unit/deploy/test_install_image.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 It mounts small tmpfs filesystems under the CDI and checkpoint directories, so it needs root: the node
 tier. The other parts run without root in tests/unit/bench/test_reliability.py.
+
+Split by tier; the rest: tests/unit/bench/test_reliability.py.
 """
 
 from __future__ import annotations

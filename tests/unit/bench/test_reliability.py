@@ -2,6 +2,8 @@
 
 Each campaign counts what it lost (a broken invariant, a failed retry, a changed
 file); the target is zero.  The full sizes and their numbers: docs/reliability.md.
+
+Split by tier; the rest: tests/node/test_reliability_node.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The install manifests in deploy/: consistent with the code, accepted by a real apiserver, and their
 RBAC is exactly enough — proven by running the real plugin and controller with ServiceAccount tokens.
+
+Split by tier; the rest: tests/cluster/test_deploy_manifests_cluster.py.
 """
 
 from __future__ import annotations

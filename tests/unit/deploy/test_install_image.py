@@ -1,6 +1,8 @@
 """The topodra image's locks (hack/images): parsing, drift, and pins equal to pyproject's.
 
 Building the image and running it needs root: tests/node/test_install_image_node.py.
+
+Split by tier; the rest: tests/node/test_install_image_node.py.
 """
 
 from __future__ import annotations

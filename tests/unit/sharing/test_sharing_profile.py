@@ -1,5 +1,8 @@
 """ClaimProfile "a 1g.10gb slice, else 10Gi of a shared GPU": rendering, and the real scheduler taking the
-shared alternative once the MIG node is full (simulated nodes: mock dgx-a100-80gb-mig + a memory-shared A100)."""
+shared alternative once the MIG node is full (simulated nodes: mock dgx-a100-80gb-mig + a memory-shared A100).
+
+Split by tier; the rest: tests/cluster/test_sharing_profile_cluster.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Benchmarks run on a private cluster instance (own state, own free ports, own lock), so they never
-hold the shared fixed-port cluster's lock that every test session waits for."""
+hold the shared fixed-port cluster's lock that every test session waits for.
+
+Split by tier; the rest: tests/cluster/test_placement_private_cluster_cluster.py.
+"""
 
 from __future__ import annotations
 
