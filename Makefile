@@ -10,10 +10,13 @@ PYTHON ?= python3
 deps:
 	hack/install-deps
 
-$(VENV)/.installed: pyproject.toml | deps
+# topodra itself, then the development-only distribution of hack/pyproject.toml: the test kit
+# (hack/testkit), hack/images and bench/ as importable packages. The runtime image never ships the latter.
+$(VENV)/.installed: pyproject.toml hack/pyproject.toml | deps
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e hack
 	touch $@
 
 venv: $(VENV)/.installed
@@ -27,7 +30,11 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy driver/topodra
-	MYPYPATH=driver:tests:hack:hack/images $(VENV)/bin/mypy tests $(wildcard hack/*.py hack/images/*.py) bench
+	$(VENV)/bin/mypy tests hack bench
+
+# The unit tier: no root, no cluster, no Kubernetes binaries (tests/unit/<layer>/).
+unit: venv
+	$(VENV)/bin/pytest -q -ra tests/unit
 
 # The loopback-cluster suite, then the reduced kind check (one real kind node with the Helm chart; first run
 # builds the offline node image, ~16 min cold, cached after). TOPODRA_SKIP_KIND=1 skips the kind part locally.

@@ -22,14 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-HACK = Path(__file__).resolve().parent
-REPO = HACK.parent
-sys.path.insert(0, str(HACK))
+from testkit import cluster as localcluster
+from testkit.pluginproc import CDI_ROOT, PLUGIN_DIR, REGISTRY_DIR
 
-import localcluster  # noqa: E402
-from pluginproc import CDI_ROOT, PLUGIN_DIR, REGISTRY_DIR  # noqa: E402
-
-from topodra.apipaths import (  # noqa: E402
+from topodra.apipaths import (
     claim_path,
     namespace_path,
     pod_path,
@@ -38,7 +34,10 @@ from topodra.apipaths import (  # noqa: E402
     slices_path,
     template_path,
 )
-from topodra.kube import Kube, KubeError  # noqa: E402
+from topodra.kube import Kube, KubeError
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
 
 NS = "topodra-demo"
 

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from bench.paths import REPO, result_file
 from bench.simulate.main import log, summarize, with_cluster
+
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.apipaths import (
     claim_path,

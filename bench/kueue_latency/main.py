@@ -30,11 +30,8 @@ from typing import Any
 
 from bench.paths import REPO, result_file
 from bench.placement.main import BenchError, install_classes, publish
-
-sys.path.insert(0, str(REPO / "hack"))
-
-import localcluster
-import localkueue
+from testkit import cluster as localcluster
+from testkit import kueue as localkueue
 
 from topodra.controller import kueue as kq
 from topodra.controller.profile import ClaimProfile

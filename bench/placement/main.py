@@ -49,10 +49,7 @@ from typing import Any
 
 from bench.paths import REPO, result_file
 from bench.placement import model as pm
-
-sys.path.insert(0, str(REPO / "hack"))
-
-import localcluster
+from testkit import cluster as localcluster
 
 from topodra.deviceclasses import catalog, to_device_class
 from topodra.kube import Kube, KubeError

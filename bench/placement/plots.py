@@ -22,7 +22,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
 from bench.paths import REPO
 
 COLORS = {"a": "tab:gray", "b": "tab:orange", "c": "tab:blue", "d": "tab:green"}

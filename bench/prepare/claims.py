@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.prepare.common import DRIVER, NODE, BenchError, R
+
 from topodra.apipaths import claim_path
 from topodra.kube import Kube
 

@@ -14,7 +14,6 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,18 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO
-
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import localcluster
-from kubeletstub import KubeletStub
-
 from bench.prepare.claims import Claim, make_claims, release_claims
 from bench.prepare.common import DRIVER, NODE, BenchError, R, log, wait_until
 from bench.prepare.cycles import CycleChecker, Scenario, drive, first_cycle, health_stream
 from bench.prepare.other import OTHER_CLASS, OTHER_NODE, OtherPlugin
 from bench.prepare.plugin import BenchPlugin, RssSampler, Sample, memory_point, server_totals
+from testkit import cluster as localcluster
+from testkit.kubeletstub import KubeletStub
+
 from topodra.cdi import spec_path
 from topodra.kube import Kube
 

@@ -7,23 +7,17 @@ held open beside them, as the kubelet holds one.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.paths import REPO
-
-sys.path.insert(0, str(REPO / "tests"))
-
-from kubeletstub import KubeletStub
-
 from bench.prepare.claims import Claim
 from bench.prepare.common import BenchError, log
 from bench.prepare.plugin import BenchPlugin, server_totals
 from bench.prepare.stats import summarize
+from testkit.kubeletstub import KubeletStub
 
 
 @dataclass

@@ -56,15 +56,11 @@ from types import FrameType
 from typing import Any
 
 from bench.paths import REPO, result_file
-
-sys.path.insert(0, str(REPO / "hack"))
-
-import localcluster
-
 from bench.prepare.common import DRIVER, HARDWARE, NODE, BenchError, log
 from bench.prepare.compare import compare_bench, format_comparison
 from bench.prepare.other import EXAMPLE_ARGS, PLACEHOLDERS, expand_template
 from bench.prepare.scenarios import bench, print_table, verdicts
+from testkit import cluster as localcluster
 
 INSTANCE = "bench-prepare"
 LOCK_FILE = localcluster.instance_lock_file(INSTANCE)

@@ -14,23 +14,16 @@ import shlex
 import signal
 import string
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
-
-from bench.paths import REPO
-
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import localcluster
-from kubeletstub import KubeletStub
-
 from bench.prepare.common import DRIVER, BenchError
+from testkit import cluster as localcluster
+from testkit.kubeletstub import KubeletStub
+
 from topodra.apipaths import slices_path
 from topodra.kube import Kube
 

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.paths import REPO
-
-sys.path.insert(0, str(REPO / "hack"))
-
-import localcluster
-from pluginproc import PluginProcess
-
 from bench.prepare.common import HARDWARE, NODE, BenchError
+from testkit import cluster as localcluster
+from testkit.pluginproc import PluginProcess
 
 
 class BenchPlugin(PluginProcess):

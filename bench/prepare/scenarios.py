@@ -5,19 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO
-
-sys.path.insert(0, str(REPO / "hack"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import localcluster
-from kubeletstub import KubeletStub
-
 from bench.prepare.claims import make_claims, release_claims
 from bench.prepare.common import (
     ADMIN_LABEL,
@@ -32,6 +24,9 @@ from bench.prepare.common import (
 )
 from bench.prepare.cycles import CycleChecker, Scenario, health_stream, run_scenario
 from bench.prepare.plugin import BenchPlugin, RssSampler, memory_point
+from testkit import cluster as localcluster
+from testkit.kubeletstub import KubeletStub
+
 from topodra.apipaths import slices_path
 from topodra.cdi import spec_path
 from topodra.kube import Kube

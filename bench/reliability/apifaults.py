@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -32,19 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO
+from bench.prepare import claims as pb_claims
+from bench.prepare.common import DRIVER, NODE, wait_until
+from bench.prepare.plugin import BenchPlugin
 from bench.reliability.common import Node, violations
+from testkit import cluster as localcluster
+from testkit.kubeletstub import KubeletStub
+
+from topodra.apipaths import slices_path
+from topodra.kube import Kube
 
 HERE = REPO / "bench"
-sys.path.insert(0, str(HERE.parent / "hack"))
-sys.path.insert(0, str(HERE.parent / "tests"))
-import localcluster  # noqa: E402
-from kubeletstub import KubeletStub  # noqa: E402
-
-from bench.prepare import claims as pb_claims  # noqa: E402
-from bench.prepare.common import DRIVER, NODE, wait_until  # noqa: E402
-from bench.prepare.plugin import BenchPlugin  # noqa: E402
-from topodra.apipaths import slices_path  # noqa: E402
-from topodra.kube import Kube  # noqa: E402
 
 KUBELET_DEADLINE = 45.0
 CONVERGE_LIMIT = 30.0

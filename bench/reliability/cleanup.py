@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.reliability.common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
+
 from topodra.claims import ClaimRef
 from topodra.plugin.cleanup import cleanup_once
 from topodra.plugin.server import ClaimFetcher

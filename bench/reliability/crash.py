@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.reliability.common import DRIVER, NODE, Node, claim_obj, devices, quiet, violations
+
 from topodra.claims import ClaimError, ClaimRef, FetchedClaim, UnavailableClaim, allocated_claim
 from topodra.state import DeviceState
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.reliability.common import DRIVER, NODE, Node, claim_obj, quiet, violations
+
 from topodra.claims import ClaimRef
 from topodra.plugin.server import ClaimFetcher
 

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from bench.reliability.common import DRIVER, NODE, OTHER_DRIVER, Node, claim_obj, quiet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
-from bench.reliability.common import DRIVER, NODE, OTHER_DRIVER, Node, claim_obj, quiet
 from topodra.claims import ClaimRef, ref_problem
 from topodra.pb.dra.v1 import api_pb2 as dra_v1
 from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc

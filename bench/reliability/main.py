@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.paths import REPO, result_file
+from bench.paths import result_file
 from bench.reliability import cleanup as reliability_cleanup
 from bench.reliability import crash as reliability_crash
 from bench.reliability import disk as reliability_disk
@@ -66,11 +66,9 @@ def apifaults(args: argparse.Namespace) -> dict[str, Any]:
     """The API-fault part on its own local control plane, in a turn of the shared cluster lock."""
     import tempfile
 
-    sys.path.insert(0, str(REPO / "hack"))
-    import localcluster
-
     from bench.prepare.main import cluster_lock
     from bench.reliability import apifaults as reliability_apifaults
+    from testkit import cluster as localcluster
 
     start = time.monotonic()
     with cluster_lock(args.lock_timeout):

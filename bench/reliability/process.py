@@ -28,13 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
 from bench.paths import REPO
 from bench.reliability.common import DRIVER, NODE, Node, claim_obj, devices, violations
+from testkit.kubeletstub import KubeletStub
 
 HERE = REPO / "bench"
-sys.path.insert(0, str(HERE.parent / "tests"))
-from kubeletstub import KubeletStub  # noqa: E402
 
 POINTS = ("prepare-before-write", "prepare-mid-cdi", "after-cdi-written", "after-checkpoint-written",
           "after-unprepare-cdi-removed", "after-unprepare-checkpoint-written")
@@ -43,6 +41,7 @@ POINTS = ("prepare-before-write", "prepare-mid-cdi", "after-cdi-written", "after
 def serve(root: Path) -> None:
     """The plugin process: real servicers on ``root/dra.sock``, claims read from ``root/api.json``."""
     from bench.reliability.common import quiet
+
     from topodra.pb.dra.v1 import api_pb2 as dra_v1
     from topodra.pb.dra.v1 import api_pb2_grpc as dra_v1_grpc
     from topodra.plugin.server import ClaimFetcher, DRAPluginServicer

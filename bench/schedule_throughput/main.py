@@ -51,10 +51,7 @@ from bench.placement.main import (
     parse_metrics,
     wait_untainted,
 )
-
-sys.path.insert(0, str(REPO / "hack"))
-
-import localcluster
+from testkit import cluster as localcluster
 
 from topodra.controller.profile import ClaimProfile
 from topodra.controller.render import claim_spec

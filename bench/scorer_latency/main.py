@@ -25,12 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO
-
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "hack"))
-
-from localcluster import free_port
-from placement_views import claim, device_classes, node_slices
+from testkit.ports import free_port
+from testkit.views import claim, device_classes, node_slices
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.kube import Kube, Obj

@@ -48,10 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO, result_file
-
-sys.path.insert(0, str(REPO / "hack"))
-
-import localcluster
+from testkit import cluster as localcluster
 
 LOCK_FILE = "/tmp/topodra-test-cluster.lock"  # the pytest cluster fixtures take it too (bench/run inventory also)
 DEFAULT_CLUSTER = REPO / "hack/clusters/enterprise-400.yaml"

@@ -52,7 +52,7 @@ OLDEST_READABLE = 1
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 # version N → the function that turns a verified version-N payload into a version-(N+1) payload (pure).
 # Changing the format: bump VERSION, add MIGRATIONS[old] here, keep tests/fixtures/checkpoint-v<old>.json
-# (a file the old code wrote) loading in tests/test_checkpoint.py.  The file is rewritten in the new
+# (a file the old code wrote) loading in tests/unit/state/test_checkpoint.py.  The file is rewritten in the new
 # version at the next write; a downgrade then refuses the newer file (see ``decode``).
 MIGRATIONS: dict[int, Migration] = {
     1: lambda payload: payload,  # v2 adds CheckpointDevice.mig (MIG instances, issue 11); absent means none

@@ -33,11 +33,10 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+from images import mkoci
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE))
-
-import mkoci  # noqa: E402
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("TOPODRA_DEBIAN_MIRROR", "http://deb.debian.org/debian")

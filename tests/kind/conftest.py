@@ -24,12 +24,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from testkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
-sys.path.insert(0, str(HACK))
-
-from localcluster import free_port  # noqa: E402
 
 T = TypeVar("T")
 CLUSTER = os.environ.get("TOPODRA_KIND_CLUSTER", "topodra-test")

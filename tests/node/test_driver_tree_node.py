@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from standin_rig import clean_env, driver_tree, lib_dir
+from testkit.standin import clean_env, driver_tree, lib_dir
 
 pytestmark = pytest.mark.node
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from bench import __main__ as entry
 from bench.paths import REPO
 

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from bench.paths import REPO, RESULTS, result_file
 
 INDEX = RESULTS / "INDEX.md"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from standin_rig import driver_tree, run_py
+from testkit.standin import driver_tree, run_py
 
 from topodra.hardware.base import DiscoveryConfig
 from topodra.hardware.mock import mock_backend

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from standin_rig import clean_env, driver_tree, lib_dir, run_py
+from testkit.standin import clean_env, driver_tree, lib_dir, run_py
 
 
 @pytest.fixture(scope="module")

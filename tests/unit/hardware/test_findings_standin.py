@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from standin_rig import driver_tree, run_py
+from testkit.standin import driver_tree, run_py
 
 from topodra.hardware.mockprofile import build_tree, load_profile
 

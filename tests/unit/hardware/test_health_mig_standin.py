@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from standin_rig import driver_tree, run_py
+from testkit.standin import driver_tree, run_py
 
 from topodra.hardware.mockprofile import build_tree, load_profile
 

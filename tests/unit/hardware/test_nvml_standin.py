@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from standin_rig import clean_env, driver_tree, lib_dir, run_py, write_faults
+from testkit.standin import clean_env, driver_tree, lib_dir, run_py, write_faults
 
 from topodra.hardware.base import DiscoveryError
 from topodra.hardware.nvmllib import LIBRARY_DIRS, find_library

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from standin_rig import clean_env, driver_tree, lib_dir
+from testkit.standin import clean_env, driver_tree, lib_dir
 
 from topodra.hardware.mockprofile import build_tree, load_profile
 from topodra.plugin import config

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sharing_rig as rig
-from sharing_rig import claim, hardware, ref
+from testkit import rigs as rig
+from testkit.rigs import claim, hardware, ref
 
 from topodra import checkpoint
 from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry

@@ -1,0 +1,86 @@
+"""devices -> ResourceSlices (pure), and the publisher against the real apiserver.
+
+Split by tier; the rest: tests/unit/slices/test_slices.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from testkit.handle import ClusterHandle, wait_for
+
+from topodra.apipaths import slices_path
+from topodra.devices import Device, int_attr, string_attr
+from topodra.inventory import Inventory
+from topodra.kube import KubeError
+from topodra.publisher import SlicePublisher
+
+DRIVER = "gpu.topodra.io"
+
+
+def gpus(n: int, model: str = "H100-SXM5-80GB") -> list[Device]:
+    return [Device(name=f"gpu-{k}", kind="gpu", uuid=f"GPU-{k:08x}",
+                   attributes={"type": string_attr("gpu"), "model": string_attr(model), "index": int_attr(k),
+                               "resource.kubernetes.io/pcieRoot": string_attr(f"pci0000:{k:02x}")},
+                   capacity={"memory": "80Gi"}) for k in range(n)]
+
+
+def _pool(cluster: ClusterHandle, node: str) -> list[dict]:  # type: ignore[type-arg]
+    return list(cluster.kube.list(slices_path(), field_selector=f"spec.driver={DRIVER},spec.nodeName={node}"))
+
+
+@pytest.mark.cluster
+def test_publisher_publishes_reconciles_and_bumps_generation(cluster: ClusterHandle) -> None:
+    node = "pub-node-0"
+    cluster.fake_nodes([node])
+    inventory = Inventory(gpus(8))
+    pub = SlicePublisher(cluster.kube, DRIVER, node, inventory, resync_seconds=0.5, min_write_interval=0.1)
+    pub.start()
+    try:
+        assert pub.wait_synced(30)
+        first = _pool(cluster, node)
+        assert len(first) == 1
+        gen1 = first[0]["spec"]["pool"]["generation"]
+        assert len(first[0]["spec"]["devices"]) == 8
+        assert first[0]["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+        # Someone (e.g. a restarting kubelet) deletes the node's slices: they come back, newer.
+        for sl in first:
+            cluster.kube.delete(slices_path(sl["metadata"]["name"]))
+        back = wait_for(lambda: _pool(cluster, node), 30, "slices to be re-published")
+        assert back[0]["spec"]["pool"]["generation"] > gen1
+
+        # Hardware change: a GPU disappears -> republished with a new generation.
+        gen2 = back[0]["spec"]["pool"]["generation"]
+        assert inventory.set(gpus(7))
+        wait_for(lambda: len(_pool(cluster, node)[0]["spec"]["devices"]) == 7, 30, "7-device pool")
+        assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] > gen2
+
+        # No change -> no writes (generation stable across resyncs).
+        gen3 = _pool(cluster, node)[0]["spec"]["pool"]["generation"]
+        time.sleep(1.5)
+        assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] == gen3
+    finally:
+        pub.stop()
+    # Stopping leaves the slices in place.
+    assert len(_pool(cluster, node)) == 1
+
+
+@pytest.mark.cluster
+def test_restarted_publisher_adopts_generation(cluster: ClusterHandle) -> None:
+    node = "pub-node-1"
+    cluster.fake_nodes([node])
+    p1 = SlicePublisher(cluster.kube, DRIVER, node, Inventory(gpus(4)))
+    assert p1.reconcile_once()
+    gen = p1.generation
+    p2 = SlicePublisher(cluster.kube, DRIVER, node, Inventory(gpus(4)))
+    assert not p2.reconcile_once(), "identical content must not be rewritten after a restart"
+    assert p2.generation == gen
+
+
+@pytest.mark.cluster
+def test_apiserver_rejects_nothing_we_publish_and_errors_are_clear(cluster: ClusterHandle) -> None:
+    p = SlicePublisher(cluster.kube, DRIVER, "no-such-node", Inventory(gpus(1)))
+    with pytest.raises(KubeError, match="does not exist"):
+        p.reconcile_once()

@@ -1,0 +1,46 @@
+"""Simulated clusters: every mock profile published through the real apiserver with the documented topology.
+
+Split by tier; the rest: tests/cluster/test_simulate_cluster.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from testkit.paths import REPO
+
+from topodra.simulate import SimulatedCluster, load_cluster, plan
+
+
+def test_enterprise_plan_is_50_nodes_in_2_scalable_units() -> None:
+    nodes = plan(load_cluster(REPO / "hack/clusters/enterprise-400.yaml"))
+    assert len(nodes) == 50
+    assert Counter(n.labels["topodra.io/profile"] for n in nodes) == {
+        "dgx-a100-80gb": 16, "dgx-h100": 24, "dgx-h200": 10}
+    assert Counter(n.labels["topodra.io/scalable-unit"] for n in nodes) == {"su1": 25, "su2": 25}
+
+
+def test_racks_share_a_fabric_uuid() -> None:
+    c = SimulatedCluster.model_validate({"groups": [
+        {"namePrefix": "t-", "count": 4, "profile": "gb200-nvl72", "nodesPerRack": 2}]})
+    uuids = [n.overrides["clusterUUID"] for n in plan(c)]
+    assert uuids[0] == uuids[1] != uuids[2] == uuids[3]
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"groups": []}, "at least 1"),
+    ({"groups": [{"namePrefix": "a-", "count": 0, "profile": "l4"}]}, "greater than or equal to 1"),
+    ({"groups": [{"namePrefix": "a-", "count": 1, "profile": "l4"},
+                 {"namePrefix": "a-", "count": 1, "profile": "l4"}]}, "more than once"),
+    ({"groups": [{"namePrefix": "A_", "count": 1, "profile": "l4"}]}, "pattern"),
+    ({"kind": "Cluster", "groups": [{"namePrefix": "a-", "count": 1, "profile": "l4"}]}, "SimulatedCluster"),
+])
+def test_invalid_cluster_files_are_rejected(tmp_path: Path, bad: dict[str, Any], msg: str) -> None:
+    import yaml
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match=msg):
+        load_cluster(f)
