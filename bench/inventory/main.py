@@ -2,7 +2,7 @@
 
 Target (issue 12): an answer in under 2 s for 400 GPUs, table and ``--png``.
 
-Setup (untimed), on a fresh control plane of ``hack/localcluster.py`` (taking the cluster lock the test
+Setup (untimed), on a fresh control plane of ``hack/testkit/cluster.py`` (taking the cluster lock the test
 fixtures use): ``topodra simulate --once hack/clusters/enterprise-400.yaml``, the shipped DeviceClasses,
 then ``--pods`` pods, each with one claim allocated by the real kube-scheduler: jobs of 1-8 GPUs in three namespaces
 (default 56 jobs, 195 GPUs, about half the cluster), two GPUs drained by DeviceTaintRules, plus one

@@ -2,7 +2,7 @@
 
 A private local cluster (own ports and state, beside the tests' shared cluster) gets the simulated
 ``enterprise-400`` cluster (50 nodes, 400 GPUs), topodra's DeviceClasses and real Kueue v0.17.0
-(hack/localkueue.py) with one ResourceFlavor per GPU model and a ClusterQueue whose quota equals
+(hack/testkit/kueue.py) with one ResourceFlavor per GPU model and a ClusterQueue whose quota equals
 the cluster's GPUs (so quota never makes a job wait: the cost of Kueue itself is measured).
 
 Each sample: create a batch/v1 Job of one pod asking ``gpu.topodra.io/gpu: 8`` (the DRA-backed

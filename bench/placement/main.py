@@ -2,7 +2,7 @@
 
 What runs (all loopback, all real except the kubelets):
 
-* ``hack/localcluster.py``: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, with a
+* ``hack/testkit/cluster.py``: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, with a
   KubeSchedulerConfiguration per policy (``model.scheduler_config``); for policy (d) also
   ``topodra placement-scorer`` configured as the scheduler's extender.
 * The nodes of a SimulatedCluster file (default ``hack/clusters/enterprise-400.yaml``: 50 kubelet-less

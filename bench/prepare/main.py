@@ -2,7 +2,7 @@
 
 What runs (all loopback, all real except the kubelet):
 
-* A private ``hack/localcluster.py`` instance (``Cluster.private("bench-prepare")``: own state
+* A private ``hack/testkit/cluster.py`` instance (``Cluster.private("bench-prepare")``: own state
   directory, ports picked free): etcd, kube-apiserver, kube-controller-manager, kube-scheduler, one
   kubelet-less Ready node ``fake-bench-0`` and the DeviceClass ``gpu.topodra.io``. Runs of this
   bench queue on that instance's lock (``LOCK_FILE``; two at once on 2 cores would measure each
@@ -12,7 +12,7 @@ What runs (all loopback, all real except the kubelet):
   through the apiserver and serves its real DRA socket. No kubelet watches its registry directory.
 * ResourceClaims referenced by pods pinned to the node (``claims.py``): the real scheduler allocates
   them from the plugin's slice (the pods never run: there is no kubelet).
-* This process plays the kubelet (``tests/kubeletstub.py``) and times prepare+unprepare cycles over
+* This process plays the kubelet (``hack/testkit/kubeletstub.py``) and times prepare+unprepare cycles over
   the socket (``cycles.py``), with a device-health stream held open. Every answer is checked: no
   error, the right device count, the CDI spec written after prepare and gone after unprepare, and the
   plugin's own request counter must count every timed call.

@@ -1,6 +1,6 @@
 """API faults on the real control plane: kube-apiserver stopped, then etcd stopped, during prepare and publishing.
 
-Needs a running ``hack/localcluster.py`` control plane (``lc``; the pytest ``cluster``
+Needs a running ``hack/testkit/cluster.py`` control plane (``lc``; the pytest ``cluster``
 fixture or ``bench/run reliability --only apifaults``, which takes the cluster lock).
 The real plugin process (``topodra kubelet-plugin``, mock dgx-h100) serves a
 kubelet-less node; the real scheduler allocates its claims. A component is

@@ -5,7 +5,7 @@ end to end with what the kubelet sees. Each run starts a plugin process
 (``python -m bench.reliability.process serve``: the plugin's gRPC servicers,
 ``ClaimFetcher`` and ``DeviceState`` on a unix socket; the API server is a JSON
 file of claim objects), sends concurrent NodePrepareResources and
-NodeUnprepareResources calls through ``tests/kubeletstub.py``, and kills the process
+NodeUnprepareResources calls through ``testkit.kubeletstub``, and kills the process
 with SIGKILL after a random delay, or lets it die at a random ``TOPODRA_CRASH_POINT``.
 Then it starts the process again and retries every call that got no answer, as the
 kubelet does, until each succeeds; answered calls must still hold, and

@@ -1,6 +1,6 @@
 """``bench/run schedule_throughput``: kube-scheduler pods/s with DRA claims on 500 simulated nodes x 8 GPUs.
 
-Per scenario a fresh local cluster (``hack/localcluster.py``) gets 500 kubelet-less nodes, each with
+Per scenario a fresh local cluster (``hack/testkit/cluster.py``) gets 500 kubelet-less nodes, each with
 one DGX-H100 pool (8 GPUs + 8 NICs) cloned from one run of the real mock discovery. Then, with
 kube-scheduler stopped, the benchmark creates the ResourceClaims and pods (1-GPU claims and
 8-GPU NVLink claims, interleaved in a seeded order), starts kube-scheduler again and samples its

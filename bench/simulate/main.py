@@ -13,7 +13,7 @@ profiles are parsed and the sysfs trees written again each time, as in a real ``
   discovery time inside the process and the process's whole wall time (interpreter, imports,
   discovery). Each run must find the expected GPU count.
 * ``e2e`` (``--e2e``, needs root and the cluster binaries): the control plane of
-  ``hack/localcluster.py`` (etcd, kube-apiserver, controller-manager, scheduler; no kubelet), then
+  ``hack/testkit/cluster.py`` (etcd, kube-apiserver, controller-manager, scheduler; no kubelet), then
   ``topodra simulate --once CLUSTER`` as a subprocess, timed from start to exit. After each run the
   published ResourceSlices are counted (untimed) and ``topodra simulate --delete`` removes the nodes
   and slices, so every run starts from the same empty cluster. Takes the cluster lock the test

@@ -39,7 +39,7 @@ def test_tree_layout_is_a_driver_root(h100: Path) -> None:
 def test_driver_tree_refuses_bad_input_and_changes_nothing(tmp_path: Path) -> None:
     import subprocess
 
-    from standin_rig import DRIVER_TREE
+    from testkit.standin import DRIVER_TREE
 
     r = subprocess.run([str(DRIVER_TREE), "--profile", "no-such-profile", str(tmp_path / "t"), "--no-dev-nodes"],
                        capture_output=True, text=True, check=False)  # fmt: skip
