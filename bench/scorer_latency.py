@@ -33,10 +33,12 @@ from localcluster import free_port  # noqa: E402
 from placement_views import claim, device_classes, node_slices  # noqa: E402
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER  # noqa: E402
+from topodra.fleet.allocator import place  # noqa: E402
+from topodra.fleet.demand import parse_demand  # noqa: E402
+from topodra.fleet.fgd import DEFAULT_PRIOR  # noqa: E402
+from topodra.fleet.state import ClusterState  # noqa: E402
 from topodra.kube import Kube, Obj  # noqa: E402
 from topodra.placement.cache import Cache  # noqa: E402
-from topodra.placement.model import ClusterState, parse_demand  # noqa: E402
-from topodra.placement.score import DEFAULT_PRIOR, place  # noqa: E402
 from topodra.placement.server import Placement, Server  # noqa: E402
 from topodra.simulate import load_cluster  # noqa: E402
 
@@ -84,7 +86,7 @@ def allocate(st: ClusterState, rng: random.Random, node: str, count: int, fallba
     if view is None:
         return False
     sp = spec(count, fallback)
-    used = st.used_indices(view)
+    used = st.unavailable_indices(view)
     after = place(view, used, [parse_demand(sp)])
     if after is None:
         return False

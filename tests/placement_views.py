@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
-from topodra.placement.model import ClusterState
+from topodra.fleet.state import ClusterState
 from topodra.simulate import SimNode, discover
 from topodra.slices import build_slices
 
