@@ -56,7 +56,7 @@ sys.path.insert(0, str(BENCH))
 import localcluster  # noqa: E402
 import placement_model as pm  # noqa: E402
 
-from topodra.deviceclasses import catalog, to_device_class  # noqa: E402
+from topodra.classcatalog import catalog, to_device_class  # noqa: E402
 from topodra.kube import Kube, KubeError  # noqa: E402
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster  # noqa: E402
 

@@ -21,7 +21,7 @@ from conftest import REPO, ClusterHandle, wait_for
 from pluginproc import CDI_ROOT, DRIVER, PluginProcess
 from test_scheduling_topology import Scenario, one, scenario_maker
 
-from topodra import deviceclasses as dc
+from topodra import classcatalog as dc
 from topodra.apipaths import claim_path, node_path, pod_path
 from topodra.kube import Kube, KubeError
 

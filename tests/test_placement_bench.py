@@ -23,7 +23,7 @@ import itertools
 import placement_bench as pb
 import placement_model as pm
 
-from topodra.deviceclasses import catalog
+from topodra.classcatalog import catalog
 
 # --------------------------------------------------------------------------- workloads
 
