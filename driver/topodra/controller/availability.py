@@ -1,7 +1,8 @@
 """How much of each ClaimProfile alternative is available right now (pure).
 
 Input is what the API server holds: ResourceSlices of our driver, allocated
-ResourceClaims and DeviceClasses.  A class is evaluated through its
+ResourceClaims, DeviceClasses, Nodes and DeviceTaintRules, read through the fleet
+model (``topodra.fleet``).  A class is evaluated through its
 ``topodra.io/match`` annotation (see ``topodra.selectors``); a class without one is a
 foreign class whose CEL we do not interpret, so its alternative is reported
 with ``known: false`` and no counts rather than with a guess.
