@@ -164,7 +164,8 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
     nic_x0 = gpu_width + NIC_GAP
     width_units = nic_x0 + nic_slots * NIC_STEP + (0.5 if nic_slots else 0.0)
     band_label_in = 1.9 if shared else 0.0
-    name_in = 0.15 + 0.065 * max((len(n.name) for n, _d in rows), default=4)
+    # Room for the longest label as drawn, " (x)" of unschedulable nodes included.
+    name_in = 0.15 + 0.065 * max((len(n.name) + (0 if n.schedulable else 4) for n, _d in rows), default=4)
     axes_w_in = width_units * CELL_IN
     axes_h_in = max(len(rows), 1) * ROW_IN
     fig_w = max(name_in + axes_w_in + band_label_in + 0.3, MIN_WIDTH_IN)

@@ -45,15 +45,20 @@ def model_table(view: ClusterView) -> list[str]:
                      f"{m.largest.count}/{m.largest.nvlink}/{m.largest.rail_aligned}",
                      f"{m.nvlink_domains_free}/{m.nvlink_domains}",
                      f"{m.fragmentation:.1f} ({m.fragmentation_ratio:.0%} of free)",
-                     f"{m.free_unschedulable} on {m.unschedulable_nodes}" if m.unschedulable_nodes else "-"])
+                     f"{m.free_unschedulable} on {m.unschedulable_nodes} node{_s(m.unschedulable_nodes)}"
+                     if m.unschedulable_nodes else "-"])
     return _grid(rows)
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
 
 
 def unschedulable_text(free_unschedulable: int, nodes: int) -> str:
     """`` (120 of them on 15 unschedulable nodes)`` when free GPUs sit where no claim lands now, else ``""``."""
     if not nodes:
         return ""
-    return f" ({free_unschedulable} of them on {nodes} unschedulable node{'s' if nodes != 1 else ''})"
+    return f" ({free_unschedulable} of them on {nodes} unschedulable node{_s(nodes)})"
 
 
 def summary_line(view: ClusterView) -> str:

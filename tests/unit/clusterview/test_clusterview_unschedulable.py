@@ -51,7 +51,7 @@ def test_table_and_json_say_where_the_free_gpus_are() -> None:
     assert "Cluster: 24 GPUs: 23 free (15 of them on 2 unschedulable nodes), 1 allocated, 0 tainted;" in text, text
     assert UNSCHEDULABLE_NOTE in text
     model_line = next(line for line in text.splitlines() if line.startswith("H100-SXM5-80GB "))
-    assert model_line.endswith("15 on 2"), model_line
+    assert model_line.endswith("15 on 2 nodes"), model_line
     data = json.loads(json.dumps(view.to_dict()))
     assert (data["summary"]["free_unschedulable"], data["summary"]["unschedulable_nodes"]) == (15, 2)
     assert (data["models"][0]["free_unschedulable"], data["models"][0]["unschedulable_nodes"]) == (15, 2)
