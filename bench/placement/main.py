@@ -51,7 +51,7 @@ from bench.paths import REPO, result_file
 from bench.placement import model as pm
 from testkit import cluster as localcluster
 
-from topodra.deviceclasses import catalog, to_device_class
+from topodra.classcatalog import catalog, to_device_class
 from topodra.kube import Kube, KubeError
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
 

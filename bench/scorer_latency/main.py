@@ -29,10 +29,12 @@ from testkit.ports import free_port
 from testkit.views import claim, device_classes, node_slices
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
+from topodra.fleet.allocator import place
+from topodra.fleet.demand import parse_demand
+from topodra.fleet.fgd import DEFAULT_PRIOR
+from topodra.fleet.state import ClusterState
 from topodra.kube import Kube, Obj
 from topodra.placement.cache import Cache
-from topodra.placement.model import ClusterState, parse_demand
-from topodra.placement.score import DEFAULT_PRIOR, place
 from topodra.placement.server import Placement, Server
 from topodra.simulate import load_cluster
 
@@ -80,7 +82,7 @@ def allocate(st: ClusterState, rng: random.Random, node: str, count: int, fallba
     if view is None:
         return False
     sp = spec(count, fallback)
-    used = st.used_indices(view)
+    used = st.unavailable_indices(view)
     after = place(view, used, [parse_demand(sp)])
     if after is None:
         return False

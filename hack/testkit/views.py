@@ -16,7 +16,7 @@ import yaml
 from testkit.paths import REPO
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
-from topodra.placement.model import ClusterState
+from topodra.fleet.state import ClusterState
 from topodra.simulate import SimNode, discover
 from topodra.slices import build_slices
 

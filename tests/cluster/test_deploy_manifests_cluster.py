@@ -112,6 +112,7 @@ CONTROLLER_ALLOWED = [
     *[(v, "resourceclaimtemplates.resource.k8s.io") for v in ("get", "create", "delete")],
     *[(v, f"{r}.resource.k8s.io") for v in ("get", "list", "watch") for r in
       ("deviceclasses", "resourceslices", "resourceclaims")],
+    ("list", "devicetaintrules.resource.k8s.io"),
     ("create", "events"), ("list", "customresourcedefinitions.apiextensions.k8s.io")]
 CONTROLLER_DENIED = [("get", "secrets"),
                      ("patch", "resourceclaims.resource.k8s.io/status"), ("create", "resourceslices.resource.k8s.io"),

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -50,14 +50,14 @@ def stock_scheduler(cluster: ClusterHandle) -> Iterator[None]:
 class ScorerProcess:
     """`topodra placement-scorer` as its own process, watching the test cluster."""
 
-    def __init__(self, cluster: ClusterHandle, log: Path) -> None:
+    def __init__(self, cluster: ClusterHandle, log: Path, args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self._logf = log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "topodra.cli", "placement-scorer", "--kubeconfig", cluster.kubeconfig,
-             "--listen", f"127.0.0.1:{self.port}"], stdout=self._logf, stderr=subprocess.STDOUT)
+             "--listen", f"127.0.0.1:{self.port}", *args], stdout=self._logf, stderr=subprocess.STDOUT)
         wait_for(self._ready, 30, "placement scorer ready (every kind listed)")
 
     def _ready(self) -> bool:

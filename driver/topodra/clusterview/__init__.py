@@ -2,6 +2,7 @@
 
 ``model`` turns raw API objects into the view (pure), ``fetch`` lists those objects,
 ``table`` and ``picture`` render the view as text and as a PNG, ``exporter`` serves it
-as Prometheus gauges, ``main`` is the CLI.  The fragmentation measure is the placement
-scorer's (``topodra.placement.score``), not a second definition.
+as Prometheus gauges, ``main`` is the CLI.  What is unavailable and the fragmentation
+measure come from the fleet model (``topodra.fleet``) the placement scorer uses, not a
+second definition.
 """

@@ -32,6 +32,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "topodra_inventory_gpus_allocated": ("GPUs in an allocated ResourceClaim, per model and node.", ("model", "node")),
     "topodra_inventory_gpus_tainted": ("Unallocated GPUs with a NoSchedule/NoExecute device taint, per model and node.",
                                        ("model", "node")),
+    "topodra_inventory_gpus_free_unschedulable": (
+        "Free GPUs on unschedulable nodes (cordoned, not Ready, NoSchedule/NoExecute node taint), per model: "
+        "counted in topodra_inventory_gpus_free, yet no claim can get them now.", ("model",)),
+    "topodra_inventory_nodes_unschedulable": ("Nodes with GPUs of the model that no pod can land on now.",
+                                              ("model",)),
     "topodra_inventory_nvlink_domains": ("NVLink domains, per GPU model.", ("model",)),
     "topodra_inventory_nvlink_domains_free": ("NVLink domains whose GPUs are all free, per GPU model.", ("model",)),
     "topodra_inventory_largest_claim_gpus": (
@@ -70,6 +75,8 @@ def families(view: ClusterView) -> list[GaugeMetricFamily]:
             fams["topodra_inventory_gpus_allocated"].add_metric(labels, c[ALLOCATED])
             fams["topodra_inventory_gpus_tainted"].add_metric(labels, c[TAINTED])
     for m in view.models:
+        fams["topodra_inventory_gpus_free_unschedulable"].add_metric([m.model], m.free_unschedulable)
+        fams["topodra_inventory_nodes_unschedulable"].add_metric([m.model], m.unschedulable_nodes)
         fams["topodra_inventory_nvlink_domains"].add_metric([m.model], m.nvlink_domains)
         fams["topodra_inventory_nvlink_domains_free"].add_metric([m.model], m.nvlink_domains_free)
         for placement, value in (("any", m.largest.count), ("nvlink", m.largest.nvlink),

@@ -5,7 +5,7 @@ with any kubeconfig that may list them, and prints a table per node and a cluste
 (``-o json|yaml`` for machines, ``--png FILE`` for people, ``--watch`` to follow), or serves
 the numbers as Prometheus gauges (``--serve HOST:PORT``). It never writes to the cluster.
 
-Imports that cost (the API client, the placement modules behind the view, yaml) sit inside the
+Imports that cost (the API client, the fleet modules behind the view, yaml) sit inside the
 functions that use them: ``--png`` forks its matplotlib worker first, so the two import side by side.
 """
 
@@ -62,7 +62,7 @@ class Inventory:
     """One kubeconfig, driver and mix: ``load()`` reads the cluster and builds the view."""
 
     def __init__(self, kube: Kube, args: argparse.Namespace) -> None:
-        from topodra.placement.score import parse_prior
+        from topodra.fleet.fgd import parse_prior
 
         self.kube = kube
         self.driver = str(args.driver)
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if args.serve or args.watch:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    # Forked before the API client and the placement modules are imported (and before any thread exists).
+    # Forked before the API client and the fleet modules are imported (and before any thread exists).
     png = PngWriter() if args.png and not args.serve else None
     try:
         return _run(args, stop, png)

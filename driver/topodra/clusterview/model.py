@@ -5,12 +5,15 @@ Every number ``topodra inventory`` prints, draws or exports comes from ``build_v
 * per node: each GPU and compute NIC with its state -- ``allocated`` (in some claim's
   ``status.allocation``), else ``tainted`` (a NoSchedule/NoExecute taint in its slice or from
   a DeviceTaintRule), else ``free`` -- and the free count per NVLink domain and per rail;
-* per GPU model: total/free/allocated/tainted, whole free NVLink domains, and the largest
-  claim placeable now on a schedulable node: any ``count`` GPUs, ``count`` GPUs on one NVLink
-  domain, ``count`` rail-aligned GPUs (each with its own free NIC on its rail);
-* fragmentation: the placement scorer's F_n (``topodra.placement.score``, docs/placement.md):
+* per GPU model: total/free/allocated/tainted, whole free NVLink domains, how many of the free
+  GPUs sit on unschedulable nodes (cordoned, not Ready, NoSchedule/NoExecute node taint: free,
+  yet no claim lands there now), and the largest claim placeable now on a schedulable node:
+  any ``count`` GPUs, ``count`` GPUs on one NVLink domain, ``count`` rail-aligned GPUs (each with
+  its own free NIC on its rail);
+* fragmentation: the placement scorer's F_n (``topodra.fleet.fgd``, docs/placement.md):
   the expected number of a node's free GPUs the next request cannot use, over the scorer's
-  request mix (its prior mixed with the claims seen). Tainted GPUs count as in use;
+  request mix (its prior mixed with the claims seen). It is computed on the fleet state the
+  scorer optimises (``topodra.fleet.state``): allocated and blocking-tainted devices unavailable;
 * pending claims: unallocated claims with the scheduler's reason from their pod's
   ``PodScheduled`` condition, grouped by cause.
 """
@@ -25,14 +28,18 @@ from typing import Any
 
 from topodra import DEFAULT_DRIVER_NAME
 
-# The placement modules (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``: the
-# ``--png`` worker and the renderers need only the dataclasses here, and a fork that happens before the
-# placement imports leaves them to the process that builds the view.
+# The fleet state and measure (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``:
+# the ``--png`` worker and the renderers need only the dataclasses here, and a fork that happens before
+# those imports leaves them to the process that builds the view. ``fleet.pools``, ``allocations``,
+# ``taints`` and ``nodes`` import nothing heavy.
+from topodra.fleet.allocations import holders
+from topodra.fleet.nodes import why_unschedulable
+from topodra.fleet.pools import newest_slices
+from topodra.fleet.taints import blocking, device_taints, rule_taint, taint_text
 
 Obj = dict[str, Any]
-BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-DEFAULT_PRIOR_WEIGHT = 20.0  # the placement scorer's --prior-weight default
-DEFAULT_WINDOW = 200  # the placement scorer's --window default
+DEFAULT_PRIOR_WEIGHT = 20.0  # the placement scorer's --prior-weight default (fleet.fgd)
+DEFAULT_WINDOW = 200  # the placement scorer's --window default (fleet.fgd)
 FREE, ALLOCATED, TAINTED = "free", "allocated", "tainted"
 NO_POD = "no pod uses the claim yet (DRA allocates a claim when a pod using it is scheduled)"
 NOT_TRIED = "waiting for the scheduler (no scheduling attempt reported yet)"
@@ -94,6 +101,7 @@ class NodeRow:
     domains: tuple[DomainCount, ...]
     rails: tuple[RailCount, ...]
     fragmentation: float  # F_n: expected free GPUs the next request cannot use
+    unschedulable_reason: str = ""  # why no pod lands here now ("cordoned", "not Ready", "tainted k:E")
 
     def count(self, state: str) -> int:
         return sum(1 for g in self.gpus if g.state == state)
@@ -125,6 +133,8 @@ class ModelSummary:
     nvlink_domains_free: int  # every GPU of the domain free (multi-node domains: on every node)
     fragmentation: float  # sum of F_n over the model's nodes
     fragmentation_ratio: float  # fragmentation / free (0 when nothing is free)
+    unschedulable_nodes: int = 0  # of ``nodes``, those no pod can land on now
+    free_unschedulable: int = 0  # of ``free``, the GPUs on those nodes (no claim can get them now)
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,16 @@ class ClusterView:
     def fragmentation(self) -> float:
         return sum(n.fragmentation for n in self.nodes)
 
+    @property
+    def free_unschedulable(self) -> int:
+        """Free GPUs on unschedulable nodes: counted in ``free``, yet no claim can get them now."""
+        return sum(m.free_unschedulable for m in self.models)
+
+    @property
+    def unschedulable_nodes(self) -> int:
+        """Nodes with GPUs of ours that no pod can land on now."""
+        return sum(1 for n in self.nodes if not n.schedulable and n.gpus)
+
     def pending_by_class(self) -> dict[str, int]:
         """Pending claims per DeviceClass (a claim naming two classes counts under each)."""
         out: Counter[str] = Counter({c: 0 for c in self.device_classes})
@@ -192,7 +212,9 @@ class ClusterView:
             m["fragmentation"] = round(m["fragmentation"], 4)
             m["fragmentation_ratio"] = round(m["fragmentation_ratio"], 4)
         out["summary"] = {"total": self.total, "free": self.free, "allocated": self.allocated,
-                          "tainted": self.tainted, "fragmentation": round(self.fragmentation, 4),
+                          "tainted": self.tainted, "free_unschedulable": self.free_unschedulable,
+                          "unschedulable_nodes": self.unschedulable_nodes,
+                          "fragmentation": round(self.fragmentation, 4),
                           "pending_claims": len(self.pending), "pending_by_device_class": self.pending_by_class()}
         return out
 
@@ -212,32 +234,6 @@ def domain_label(domain: str) -> str:
         uuid, _, clique = tail.rpartition(".")
         return f"{uuid[:8]}.{clique}"
     return tail[:12]
-
-
-def node_schedulable(node: Obj) -> bool:
-    """Whether a pod without special tolerations can land on the node now.
-
-    The rule of the controller's availability report: Ready, not cordoned, no NoSchedule/NoExecute taint.
-    """
-    spec, status = node.get("spec") or {}, node.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    blocked = any(t.get("effect") in BLOCKING_EFFECTS for t in spec.get("taints") or [])
-    return ready and not spec.get("unschedulable") and not blocked
-
-
-def _taint_text(t: Obj) -> str:
-    value = t.get("value")
-    return f"{t.get('key', '')}{'=' + str(value) if value else ''}:{t.get('effect', '')}"
-
-
-def rule_matches(rule: Obj, driver: str, pool: str, device: str) -> bool:
-    """Whether a DeviceTaintRule's ``deviceSelector`` (driver, pool, device; each optional) selects a device.
-
-    An empty or absent selector selects every device (the 1.37 behaviour).
-    """
-    sel = (rule.get("spec") or {}).get("deviceSelector") or {}
-    return all(not sel.get(k) or sel.get(k) == v for k, v in (("driver", driver), ("pool", pool),
-                                                               ("device", device)))
 
 
 def claim_classes(claim: Obj) -> tuple[str, ...]:
@@ -324,31 +320,6 @@ def group_pending(pending: Iterable[PendingClaim]) -> list[PendingGroup]:
             sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 
-def _newest_slices(slices: Iterable[Obj], driver: str) -> list[Obj]:
-    """Node-local slices of ``driver`` from the newest generation of each pool."""
-    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver and s["spec"].get("nodeName")]
-    newest: dict[str, int] = {}
-    for s in mine:
-        pool = s["spec"].get("pool") or {}
-        newest[str(pool.get("name", ""))] = max(newest.get(str(pool.get("name", "")), -1),
-                                                int(pool.get("generation", 0)))
-    return [s for s in mine if int((s["spec"].get("pool") or {}).get("generation", 0))
-            == newest[str((s["spec"].get("pool") or {}).get("name", ""))]]
-
-
-def _holders(claims: Iterable[Obj], driver: str) -> dict[tuple[str, str], tuple[str, str]]:
-    """(pool, device) -> (namespace, claim) for every allocated device of ``driver``."""
-    out: dict[tuple[str, str], tuple[str, str]] = {}
-    for c in claims:
-        meta = c.get("metadata") or {}
-        results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        for r in results:
-            if r.get("driver") == driver:
-                out[(str(r.get("pool", "")), str(r.get("device", "")))] = (str(meta.get("namespace", "")),
-                                                                           str(meta.get("name", "")))
-    return out
-
-
 def _pairs_by_rail(gpus: Iterable[Cell], nics: Iterable[Cell]) -> int:
     """GPU+NIC pairs sharing a rail that can be formed from free devices (per-rail minimum)."""
     g = Counter(c.rail for c in gpus if c.rail is not None)
@@ -367,23 +338,25 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     ``prior`` is the request mix prior of the fragmentation measure (None: the placement scorer's).
     Nodes without a Node object (slices only) are shown and treated as schedulable.
     """
-    from topodra.placement.model import ClusterState, qualified_attributes
-    from topodra.placement.score import DEFAULT_PRIOR, Scorer, make_mix
+    from topodra.fleet.fgd import DEFAULT_PRIOR, Fragmentation, make_mix
+    from topodra.fleet.state import ClusterState, qualified_attributes
 
     wanted = set(nodes) if nodes is not None else None
     node_objs = {str((n.get("metadata") or {}).get("name", "")): n for n in src.nodes}
-    slices = _newest_slices(src.slices, driver)
-    holders = _holders(src.claims, driver)
-    rules = [r for r in src.taint_rules if ((r.get("spec") or {}).get("taint") or {}).get("effect")]
+    slices = newest_slices(src.slices, driver, node_local=True)
+    held = holders(src.claims, driver)
+    rules = [r for r in src.taint_rules if rule_taint(r) is not None]
 
-    # The scorer's own state and measure: same parsing, same node views, same request mix.
+    # The scorer's own state and measure: same parsing, same node views, same unavailable devices
+    # (allocated or blocking-tainted), same request mix.
     state = ClusterState(driver, window=window)
     state.replace("classes", src.classes)
     state.replace("slices", slices)
     state.replace("claims", src.claims)
+    state.replace("taintrules", rules)
     known = frozenset(k for k, m in state.classes.items() if m is not None)
     mix = make_mix(DEFAULT_PRIOR if prior is None else prior, prior_weight, state.observed_mix(), driver, known)
-    scorer = Scorer()
+    measure = Fragmentation()
 
     by_node: dict[str, list[Obj]] = defaultdict(list)
     for s in slices:
@@ -401,12 +374,9 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                 if kind not in ("gpu", "nic"):
                     continue
                 name = str(dev.get("name", ""))
-                taints = [*(dev.get("taints") or []),
-                          *((r.get("spec") or {}).get("taint") or {} for r in rules
-                            if rule_matches(r, driver, pool, name))]
-                holder = holders.get((pool, name))
-                blocked = any(t.get("effect") in BLOCKING_EFFECTS for t in taints)
-                st = ALLOCATED if holder else TAINTED if blocked else FREE
+                taints = device_taints(dev, rules, driver, pool)
+                holder = held.get((pool, name))
+                st = ALLOCATED if holder else TAINTED if blocking(taints) else FREE
                 rail = attrs.get(f"{driver}/rail")
                 domain = attrs.get(f"{driver}/nvlinkDomain")
                 cells[(pool, name)] = Cell(
@@ -415,7 +385,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                     domain=str(domain) if domain is not None else None,
                     rail=int(rail) if isinstance(rail, int) else None,
                     namespace=holder[0] if holder else None, claim=holder[1] if holder else None,
-                    taints=tuple(_taint_text(t) for t in taints))
+                    taints=tuple(taint_text(t) for t in taints))
         gpus = sorted((c for c in cells.values() if c.kind == "gpu"),
                       key=lambda c: (c.domain or "~", natural_key(c.name)))
         nics = sorted((c for c in cells.values() if c.kind == "nic"),
@@ -428,15 +398,12 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
         for n in nics:
             rails[n.rail].append(n)
         view = state.node_view(node)
-        frag = 0.0
-        if view is not None:
-            busy = frozenset(i for i, d in enumerate(view.devices)
-                             if d.key in cells and cells[d.key].state != FREE)
-            frag = scorer.fragmentation(view, busy, mix)
+        frag = 0.0 if view is None else measure.fragmentation(view, state.unavailable_indices(view), mix)
         models = Counter(g.model or "unknown" for g in gpus)
+        unschedulable = why_unschedulable(node_objs[node]) if node in node_objs else ""
         rows.append(NodeRow(
             name=node, model="+".join(m for m, _ in models.most_common()),
-            schedulable=node_schedulable(node_objs[node]) if node in node_objs else True,
+            schedulable=not unschedulable, unschedulable_reason=unschedulable,
             gpus=tuple(gpus), nics=tuple(nics),
             domains=tuple(DomainCount(d, domain_label(d), sum(1 for g in gs if g.state == FREE), len(gs))
                           for d, gs in domains.items()),
@@ -458,8 +425,8 @@ def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
     out = []
     models = sorted({g.model or "unknown" for r in rows for g in r.gpus})
     for model in models:
-        total = free = allocated = tainted = 0
-        nodes = 0
+        total = free = allocated = tainted = free_unschedulable = 0
+        nodes = unschedulable_nodes = 0
         frag = 0.0
         best = [0, 0, 0]
         domains: dict[str, list[Cell]] = defaultdict(list)
@@ -479,6 +446,8 @@ def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
                 if g.domain is not None:
                     domains[g.domain].append(g)
             if not r.schedulable:
+                unschedulable_nodes += 1
+                free_unschedulable += len(free_gpus)
                 continue
             per_domain = Counter(g.domain for g in free_gpus if g.domain is not None)
             free_nics = [n for n in r.nics if n.state == FREE]
@@ -489,5 +458,6 @@ def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
         out.append(ModelSummary(model=model, nodes=nodes, total=total, free=free, allocated=allocated,
                                 tainted=tainted, largest=Largest(*best), nvlink_domains=len(domains),
                                 nvlink_domains_free=whole_free, fragmentation=frag,
-                                fragmentation_ratio=frag / free if free else 0.0))
+                                fragmentation_ratio=frag / free if free else 0.0,
+                                unschedulable_nodes=unschedulable_nodes, free_unschedulable=free_unschedulable))
     return out

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topodra.clusterview.model import ALLOCATED, FREE, TAINTED, Cell, ClusterView, NodeRow, domain_label
-from topodra.clusterview.table import summary_line
+from topodra.clusterview.table import summary_line, unschedulable_text
 
 FREE_COLOUR = "#b7e4c7"
 TAINTED_COLOUR = "#d62828"
 OTHER_COLOUR = "#4d4d4d"  # namespaces beyond the palette
+UNSCHEDULABLE_MARK = "(x) unschedulable node: its free GPUs take no claim now"
 # Namespaces, in order of GPUs held; no green or red, so they never read as free or tainted.
 PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79",
            "#a55194", "#e7ba52", "#7f7f7f", "#6baed6")
@@ -117,7 +118,9 @@ def _square(x: float, y: float, size: float) -> list[tuple[float, float]]:
 def title_lines(view: ClusterView) -> list[str]:
     lines = ["topodra inventory: " + summary_line(view)]
     for m in view.models:
-        lines.append(f"{m.model}: {m.free}/{m.total} free on {m.nodes} nodes; largest claim now {m.largest.count} "
+        lines.append(f"{m.model}: {m.free}/{m.total} free on {m.nodes} nodes"
+                     f"{unschedulable_text(m.free_unschedulable, m.unschedulable_nodes)}; "
+                     f"largest claim now {m.largest.count} "
                      f"(NVLink {m.largest.nvlink}, rail-aligned {m.largest.rail_aligned}); "
                      f"{m.nvlink_domains_free}/{m.nvlink_domains} NVLink domains free; "
                      f"fragmented {m.fragmentation:.1f} ({m.fragmentation_ratio:.0%})")
@@ -161,7 +164,8 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
     nic_x0 = gpu_width + NIC_GAP
     width_units = nic_x0 + nic_slots * NIC_STEP + (0.5 if nic_slots else 0.0)
     band_label_in = 1.9 if shared else 0.0
-    name_in = 0.15 + 0.065 * max((len(n.name) for n, _d in rows), default=4)
+    # Room for the longest label as drawn, " (x)" of unschedulable nodes included.
+    name_in = 0.15 + 0.065 * max((len(n.name) + (0 if n.schedulable else 4) for n, _d in rows), default=4)
     axes_w_in = width_units * CELL_IN
     axes_h_in = max(len(rows), 1) * ROW_IN
     fig_w = max(name_in + axes_w_in + band_label_in + 0.3, MIN_WIDTH_IN)
@@ -174,8 +178,10 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
     legend.update({f"ns {ns}": c for ns, c in ns_colours.items() if c != OTHER_COLOUR})
     if OTHER_COLOUR in ns_colours.values():
         legend["other namespaces"] = OTHER_COLOUR
-    legend_cols = max(1, min(len(legend), int(fig_w / 1.3)))
-    legend_rows = -(-len(legend) // legend_cols)
+    # The "(x)" behind a node's name is explained in the legend too (it has no colour of its own).
+    marks = [UNSCHEDULABLE_MARK] if any(not n.schedulable for n in view.nodes) else []
+    legend_cols = max(1, min(len(legend) + len(marks), int(fig_w / 1.3)))
+    legend_rows = -(-(len(legend) + len(marks)) // legend_cols)
     title_in = sum(0.2 if big else 0.16 for _t, _s, big in titles)
     top_in = 0.1 + title_in + 0.2 * legend_rows + 0.45
     bottom_in = 0.2
@@ -236,7 +242,8 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
         fig.text(0.1 / fig_w, 1 - y_in / fig_h, line, fontsize=size, fontweight="bold" if big else "normal",
                  va="top", ha="left")
         y_in += 0.2 if big else 0.16
-    fig.legend(handles=[Patch(facecolor=c, edgecolor=EDGE_COLOUR, label=k) for k, c in legend.items()],
+    fig.legend(handles=[*(Patch(facecolor=c, edgecolor=EDGE_COLOUR, label=k) for k, c in legend.items()),
+                        *(Patch(facecolor="none", edgecolor="none", label=m) for m in marks)],
                loc="upper left", bbox_to_anchor=(0.05 / fig_w, 1 - (y_in + 0.05) / fig_h),
                ncol=legend_cols, fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.2,
                borderaxespad=0.0)

@@ -39,20 +39,38 @@ def node_table(view: ClusterView) -> list[str]:
 
 def model_table(view: ClusterView) -> list[str]:
     rows = [["MODEL", "NODES", "GPUS", "FREE", "ALLOCATED", "TAINTED", "LARGEST CLAIM ANY/NVLINK/RAIL",
-             "FREE NVLINK DOMAINS", "FRAGMENTED"]]
+             "FREE NVLINK DOMAINS", "FRAGMENTED", "FREE ON UNSCHEDULABLE NODES"]]
     for m in view.models:
         rows.append([m.model, str(m.nodes), str(m.total), str(m.free), str(m.allocated), str(m.tainted),
                      f"{m.largest.count}/{m.largest.nvlink}/{m.largest.rail_aligned}",
                      f"{m.nvlink_domains_free}/{m.nvlink_domains}",
-                     f"{m.fragmentation:.1f} ({m.fragmentation_ratio:.0%} of free)"])
+                     f"{m.fragmentation:.1f} ({m.fragmentation_ratio:.0%} of free)",
+                     f"{m.free_unschedulable} on {m.unschedulable_nodes} node{_s(m.unschedulable_nodes)}"
+                     if m.unschedulable_nodes else "-"])
     return _grid(rows)
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def unschedulable_text(free_unschedulable: int, nodes: int) -> str:
+    """`` (120 of them on 15 unschedulable nodes)`` when free GPUs sit where no claim lands now, else ``""``."""
+    if not nodes:
+        return ""
+    return f" ({free_unschedulable} of them on {nodes} unschedulable node{_s(nodes)})"
 
 
 def summary_line(view: ClusterView) -> str:
     frag = view.fragmentation
     share = f" ({frag / view.free:.0%} of free)" if view.free else ""
-    return (f"{view.total} GPUs: {view.free} free, {view.allocated} allocated, {view.tainted} tainted; "
+    aside = unschedulable_text(view.free_unschedulable, view.unschedulable_nodes)
+    return (f"{view.total} GPUs: {view.free} free{aside}, {view.allocated} allocated, {view.tainted} tainted; "
             f"fragmented {frag:.1f} GPUs{share}; {len(view.pending)} pending claims")
+
+
+UNSCHEDULABLE_NOTE = ("Unschedulable: cordoned, not Ready or with a NoSchedule/NoExecute node taint; their free GPUs "
+                      "count as free but take no claim now (largest claim counts schedulable nodes only).")
 
 
 def pending_lines(view: ClusterView) -> list[str]:
@@ -74,6 +92,7 @@ def render_table(view: ClusterView) -> str:
     else:
         lines = node_table(view)
     lines += ["", *model_table(view), "", "Cluster: " + summary_line(view),
+              *([UNSCHEDULABLE_NOTE] if view.unschedulable_nodes else []),
               "Fragmented: free GPUs the next request cannot use, expected over the placement scorer's request mix (" +
               ", ".join(f"{name} {p:.0%}" for name, p in view.mix) + ").",
               "", *pending_lines(view)]

@@ -1,14 +1,16 @@
 """How much of each ClaimProfile alternative is available right now (pure).
 
 Input is what the API server holds: ResourceSlices of our driver, allocated
-ResourceClaims and DeviceClasses.  A class is evaluated through its
+ResourceClaims, DeviceClasses, Nodes and DeviceTaintRules, read through the fleet
+model (``topodra.fleet``).  A class is evaluated through its
 ``topodra.io/match`` annotation (see ``topodra.selectors``); a class without one is a
 foreign class whose CEL we do not interpret, so its alternative is reported
 with ``known: false`` and no counts rather than with a guess.
 
 * ``devicesTotal``: published devices the class selects (newest pool generation).
 * ``devicesFree``: of those, not in any claim's allocation and without a
-  NoSchedule/NoExecute taint.
+  NoSchedule/NoExecute taint (in the slice or from a DeviceTaintRule): the fleet
+  model's "unavailable" (``topodra.fleet``), the same the inventory and the scorer use.
 * ``nodesFit``: nodes where ``count`` free devices satisfy the Required
   placement (same NVLink domain / NUMA node; RailAligned: one free NIC on each
   GPU's rail).  Preferred placement never reduces it (there is a fallback).
@@ -26,10 +28,13 @@ from pydantic import ValidationError
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.controller.profile import Alternative, ClaimProfile
 from topodra.controller.render import attribute_for
+from topodra.fleet.allocations import holders
+from topodra.fleet.nodes import node_schedulable
+from topodra.fleet.pools import newest_slices
+from topodra.fleet.taints import blocking, device_taints, rule_taint
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch, attribute
 
 Obj = dict[str, Any]
-BLOCKING_TAINTS = {"NoSchedule", "NoExecute"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class PublishedDevice:
     pool: str
     name: str
     raw: Obj
+    blocked: bool = False  # a NoSchedule/NoExecute taint, the slice's or a DeviceTaintRule's
 
 
 @dataclass(frozen=True)
@@ -72,64 +78,39 @@ class Snapshot:
     unavailable_nodes: frozenset[str] = frozenset()
 
 
-def published_devices(slices: Iterable[Obj], driver: str) -> list[PublishedDevice]:
-    """Devices of ``driver`` from the newest generation of each pool."""
-    newest: dict[str, int] = {}
-    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
-    for s in mine:
-        pool = s["spec"].get("pool") or {}
-        name = str(pool.get("name", ""))
-        newest[name] = max(newest.get(name, -1), int(pool.get("generation", 0)))
+def published_devices(slices: Iterable[Obj], driver: str, taint_rules: Iterable[Obj] = ()) -> list[PublishedDevice]:
+    """Devices of ``driver`` from the newest generation of each pool, each with whether a taint blocks it."""
+    rules = [r for r in taint_rules if rule_taint(r) is not None]
     out: list[PublishedDevice] = []
-    for s in mine:
+    for s in newest_slices(slices, driver):
         spec = s["spec"]
-        pool = spec.get("pool") or {}
-        name = str(pool.get("name", ""))
-        if int(pool.get("generation", 0)) != newest[name]:
-            continue
+        name = str((spec.get("pool") or {}).get("name", ""))
         node = spec.get("nodeName") or name
         for dev in spec.get("devices") or []:
-            out.append(PublishedDevice(node=str(node), pool=name, name=str(dev.get("name", "")), raw=dev))
+            out.append(PublishedDevice(node=str(node), pool=name, name=str(dev.get("name", "")), raw=dev,
+                                       blocked=blocking(device_taints(dev, rules, driver, name))))
     return out
 
 
 def allocated_devices(claims: Iterable[Obj], driver: str) -> frozenset[tuple[str, str]]:
     """(pool, device) pairs held by allocated claims of ``driver``."""
-    held: set[tuple[str, str]] = set()
-    for c in claims:
-        allocation = (c.get("status") or {}).get("allocation") or {}
-        results = (allocation.get("devices") or {}).get("results") or []
-        for r in results:
-            if r.get("driver") == driver:
-                held.add((str(r.get("pool", "")), str(r.get("device", ""))))
-    return frozenset(held)
+    return frozenset(holders(claims, driver))
 
 
 def unavailable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
     """Nodes a pod without special tolerations cannot be scheduled to right now."""
-    out: set[str] = set()
-    for n in nodes:
-        name = str((n.get("metadata") or {}).get("name", ""))
-        spec, status = n.get("spec") or {}, n.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
-        if spec.get("unschedulable") or not ready or tainted:
-            out.add(name)
-    return frozenset(out)
+    return frozenset(str((n.get("metadata") or {}).get("name", "")) for n in nodes if not node_schedulable(n))
 
 
 def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterable[Obj],
-                  driver: str = DEFAULT_DRIVER_NAME, nodes: Iterable[Obj] = ()) -> Snapshot:
+                  driver: str = DEFAULT_DRIVER_NAME, nodes: Iterable[Obj] = (),
+                  taint_rules: Iterable[Obj] = ()) -> Snapshot:
     return Snapshot(
-        devices=tuple(published_devices(slices, driver)),
+        devices=tuple(published_devices(slices, driver, taint_rules)),
         allocated=allocated_devices(claims, driver),
         classes={(c.get("metadata") or {}).get("name", ""): c for c in classes},
         unavailable_nodes=unavailable_nodes(nodes),
     )
-
-
-def _blocked(dev: Obj) -> bool:
-    return any(t.get("effect") in BLOCKING_TAINTS for t in dev.get("taints") or [])
 
 
 def class_match(device_class: Obj | None) -> tuple[DeviceMatch | None, str]:
@@ -183,15 +164,14 @@ def alternative_status(alt: Alternative, profile: ClaimProfile, snap: Snapshot, 
     if profile.spec.topology.nic == "RailAligned" and nic_match is None:
         return AlternativeStatus(name, cls, count, known=False, message="the NIC class cannot be evaluated")
     chosen = [d for d in snap.devices if match.matches(d.raw, driver)]
-    free = [d for d in chosen if (d.pool, d.name) not in snap.allocated and not _blocked(d.raw)]
+    free = [d for d in chosen if (d.pool, d.name) not in snap.allocated and not d.blocked]
     free_by_node: dict[str, list[PublishedDevice]] = defaultdict(list)
     for d in free:
         free_by_node[d.node].append(d)
     nics_by_node: dict[str, list[PublishedDevice]] = defaultdict(list)
     if nic_match is not None:
         for d in snap.devices:
-            if nic_match.matches(d.raw, driver) and (d.pool, d.name) not in snap.allocated \
-                    and not _blocked(d.raw):
+            if nic_match.matches(d.raw, driver) and (d.pool, d.name) not in snap.allocated and not d.blocked:
                 nics_by_node[d.node].append(d)
     fit = sum(1 for node, gpus in free_by_node.items()
               if node not in snap.unavailable_nodes

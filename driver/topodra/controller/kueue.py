@@ -165,7 +165,7 @@ def plan(profile: ClaimProfile, class_models: Mapping[str, tuple[str, ...]],
 
 def catalog_class_models() -> dict[str, tuple[str, ...]]:
     """Models per catalog class: the generic class selects every model; model classes their family."""
-    from topodra.deviceclasses import GENERIC_CLASS, MODEL_FAMILIES
+    from topodra.classcatalog import GENERIC_CLASS, MODEL_FAMILIES
 
     everything = tuple(m for ms in MODEL_FAMILIES.values() for m in ms)
     return {GENERIC_CLASS: everything, **MODEL_FAMILIES}

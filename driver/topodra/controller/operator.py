@@ -32,6 +32,7 @@ from topodra.apipaths import (
     PROFILE_VERSION,
     claim_path,
     device_class_path,
+    device_taint_rule_path,
     event_path,
     node_path,
     profile_path,
@@ -105,7 +106,12 @@ class SnapshotCache:
                 except KubeError as e:  # without node access, every node counts as schedulable
                     log.warning("availability: cannot list nodes (%s); taints and cordons are ignored", e)
                     nodes = []
-                self._value = make_snapshot(slices, claims, classes, self._cfg.driver, nodes)
+                try:
+                    rules = list(kube.list(device_taint_rule_path()))
+                except KubeError as e:  # no DeviceTaintRule API or no grant: slice taints still count
+                    log.warning("availability: cannot list DeviceTaintRules (%s); only slice taints count", e)
+                    rules = []
+                self._value = make_snapshot(slices, claims, classes, self._cfg.driver, nodes, rules)
             except KubeError as e:
                 self._value = f"cannot read cluster state: {e}"
                 log.warning("availability: %s", self._value)

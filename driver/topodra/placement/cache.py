@@ -5,6 +5,10 @@ state knows of that kind, then watches from that version, resuming from the last
 version when the server ends a watch.  A 410 Gone (the version fell out of the
 apiserver's window) relists at once; other errors relist after a capped backoff.
 Bookmarks only move the resume version forward.
+
+DeviceTaintRules are watched too (a blocking rule makes a device unavailable, ``fleet.taints``). Their
+API is optional: where it is not served (404) or not granted (403), the kind counts as listed with no
+rules and is retried every ``OPTIONAL_RETRY`` seconds, so the scorer still becomes ready.
 """
 
 from __future__ import annotations
@@ -15,13 +19,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from topodra.apipaths import claim_path, device_class_path, node_path, slices_path, template_path
+from topodra.apipaths import (
+    claim_path,
+    device_class_path,
+    device_taint_rule_path,
+    node_path,
+    slices_path,
+    template_path,
+)
+from topodra.fleet.state import ClusterState
 from topodra.kube import Kube, KubeError, Obj
-from topodra.placement.model import ClusterState
 
 log = logging.getLogger(__name__)
 
-KINDS = ("slices", "classes", "nodes", "claims", "templates")
+KINDS = ("slices", "classes", "nodes", "claims", "templates", "taintrules")
+OPTIONAL_RETRY = 60.0  # seconds between tries of an optional kind's API that was missing or forbidden
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,7 @@ class Source:
     kind: str
     path: str
     field_selector: str | None = None
+    optional: bool = False  # 403/404 on list: no objects of this kind (older clusters, narrower RBAC)
 
 
 def sources(driver: str) -> list[Source]:
@@ -38,6 +51,7 @@ def sources(driver: str) -> list[Source]:
         Source("nodes", node_path()),
         Source("claims", claim_path()),
         Source("templates", template_path()),
+        Source("taintrules", device_taint_rule_path(), optional=True),
     ]
 
 
@@ -56,6 +70,8 @@ def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> No
         state.delete_claim(ns, name) if deleted else state.set_claim(obj)
     elif kind == "templates":
         state.delete_template(ns, name) if deleted else state.set_template(obj)
+    elif kind == "taintrules":
+        state.delete_taint_rule(name) if deleted else state.set_taint_rule(obj)
     else:
         raise ValueError(f"unknown kind {kind!r}")
 
@@ -117,6 +133,15 @@ class Cache:
                             return
                     backoff = 1.0
             except KubeError as e:
+                if src.optional and e.status in (403, 404):
+                    with self.lock:
+                        self.state.replace(src.kind, [])
+                    if not self._synced[src.kind].is_set():
+                        log.info("%s: API not available (%s); counting none, retrying every %.0fs",
+                                 src.kind, e.status, OPTIONAL_RETRY)
+                    self._synced[src.kind].set()
+                    self.stop.wait(OPTIONAL_RETRY)
+                    continue
                 if e.status == 410:
                     log.info("%s: resourceVersion expired (410 Gone); relisting", src.kind)
                     continue

@@ -2,7 +2,7 @@
 
 Run beside kube-scheduler and point an ``extenders[]`` entry at it (deploy/placement/,
 docs/placement.md).  It lists and watches ResourceSlices, ResourceClaims,
-ResourceClaimTemplates, DeviceClasses and Nodes, and answers ``POST /prioritize``
+ResourceClaimTemplates, DeviceClasses, DeviceTaintRules and Nodes, and answers ``POST /prioritize``
 from that view alone.
 """
 
@@ -14,10 +14,10 @@ import signal
 import threading
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.fleet.fgd import parse_prior
+from topodra.fleet.state import ClusterState
 from topodra.kube import Kube, KubeError
 from topodra.placement.cache import Cache
-from topodra.placement.model import ClusterState
-from topodra.placement.score import parse_prior
 from topodra.placement.server import Placement, Server
 
 log = logging.getLogger(__name__)

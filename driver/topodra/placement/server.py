@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from topodra.fleet.fgd import Mix, make_mix
 from topodra.placement.cache import Cache
-from topodra.placement.score import Mix, Scorer, make_mix
+from topodra.placement.score import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Placement:
             cands = []
             for n in names:
                 view = state.node_view(n)
-                cands.append((n, view, state.used_indices(view) if view is not None else frozenset()))
+                cands.append((n, view, state.unavailable_indices(view) if view is not None else frozenset()))
             scores = self.scorer.score(cands, demands, mix)
         return [{"Host": n, "Score": s} for n, s in scores]
 

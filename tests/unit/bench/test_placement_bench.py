@@ -18,7 +18,7 @@ import pytest
 from bench.placement import main as pb
 from bench.placement import model as pm
 
-from topodra.deviceclasses import catalog
+from topodra.classcatalog import catalog
 
 # --------------------------------------------------------------------------- workloads
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from topodra.classcatalog import catalog, to_device_class
 from topodra.controller.availability import make_snapshot, profile_availability
 from topodra.controller.profile import ClaimProfile
-from topodra.deviceclasses import catalog, to_device_class
 
 D = "gpu.topodra.io"
 

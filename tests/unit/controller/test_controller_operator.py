@@ -14,6 +14,7 @@ import pytest
 from kubernetes.leaderelection import electionconfig, leaderelection
 
 from topodra.apipaths import device_class_path, lease_path, profile_path, slices_path, template_path
+from topodra.classcatalog import catalog, to_device_class
 from topodra.controller.leader import KubeLeaseLock, lease_object, record_from_lease, record_time, wire_time
 from topodra.controller.operator import (
     ControllerConfig,
@@ -25,7 +26,6 @@ from topodra.controller.operator import (
     reconcile,
 )
 from topodra.controller.render import HASH_ANNOTATION
-from topodra.deviceclasses import catalog, to_device_class
 from topodra.kube import KubeError
 
 Obj = dict[str, Any]

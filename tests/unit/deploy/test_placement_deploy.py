@@ -49,7 +49,7 @@ def test_rbac_only_lists_and_watches() -> None:
     objs = docs("rbac.yaml")
     role = kind(objs, "ClusterRole", "topodra-placement-scorer")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    dra = ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses")
+    dra = ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses", "devicetaintrules")
     assert granted == {("resource.k8s.io", r) for r in dra} | {("", "nodes")}
     assert all(sorted(rule["verbs"]) == ["list", "watch"] for rule in role["rules"])
     binding = kind(objs, "ClusterRoleBinding", "topodra-placement-scorer")

@@ -11,20 +11,21 @@ import pytest
 import yaml
 from testkit.paths import REPO
 
-from topodra import deviceclasses as dc
+from topodra import classcatalog as cat
+from topodra import classcatalog as dc
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 CLASS_DIR = REPO / "deviceclasses"
 
 
 def test_committed_files_equal_the_catalog() -> None:
-    expected = {dc.file_name(o): dc.dump(o) for o in (dc.to_device_class(s) for s in dc.catalog())}
+    expected = {dc.file_name(o): dc.dump(o) for o in (cat.to_device_class(s) for s in cat.catalog())}
     present = {p.name: p.read_text() for p in CLASS_DIR.glob("*.yaml")}
     assert present == expected, "regenerate: topodra deviceclasses generate --all --write-dir deviceclasses"
 
 
 def test_brief_classes_exist() -> None:
-    names = {s.name for s in dc.catalog()}
+    names = {s.name for s in cat.catalog()}
     assert {"gpu.topodra.io", "gpu-h200", "gpu-h100", "gpu-a100-80gb", "gpu-a100-40gb", "gpu-b200", "gpu-gb200",
             "gpu-l40s", "gpu-l4", "gpu-mem-40gi", "gpu-mem-80gi", "gpu-mem-140gi", "gpu-ampere-plus",
             "gpu-hopper-plus", "nic.topodra.io"} <= names
@@ -76,7 +77,7 @@ def dev(model: str, memory: str | None, cc: str | None, kind: str = "gpu") -> di
     ("nic.topodra.io", dev("nic", None, None, kind="nic"), True),
 ])
 def test_match_semantics(cls: str, device: dict[str, Any], expected: bool) -> None:
-    spec = next(s for s in dc.catalog() if s.name == cls)
+    spec = next(s for s in cat.catalog() if s.name == cls)
     assert spec.match.matches(device, "gpu.topodra.io") is expected
 
 
@@ -96,14 +97,14 @@ def test_invalid_match_is_rejected() -> None:
 
 
 def test_classes_for_models() -> None:
-    objs = dc.classes_for_models(["H200-SXM5-141GB", "H100-NVL-94GB", "RTX-PRO-6000"], with_nic=True)
+    objs = cat.classes_for_models(["H200-SXM5-141GB", "H100-NVL-94GB", "RTX-PRO-6000"], with_nic=True)
     names = [o["metadata"]["name"] for o in objs]
     assert names == ["gpu.topodra.io", "gpu-h200", "gpu-h100", "gpu-mem-40gi", "gpu-mem-80gi", "gpu-mem-140gi",
                      "gpu-ampere-plus", "gpu-hopper-plus", "gpu-blackwell-plus", "nic.topodra.io",
                      "gpu-model-rtx-pro-6000"]
     extra = json.loads(objs[-1]["metadata"]["annotations"][MATCH_ANNOTATION])
     assert extra == {"models": ["RTX-PRO-6000"], "type": "gpu"}
-    assert "nic.topodra.io" not in [o["metadata"]["name"] for o in dc.classes_for_models(["L4"])]
+    assert "nic.topodra.io" not in [o["metadata"]["name"] for o in cat.classes_for_models(["L4"])]
 
 
 def test_inventory_reads_only_our_driver() -> None:
@@ -114,7 +115,7 @@ def test_inventory_reads_only_our_driver() -> None:
         {"spec": {"driver": "other.io", "devices": [
             {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "model": {"string": "X"}}}]}},
     ]
-    assert dc.inventory(slices, "gpu.topodra.io") == ({"L4"}, True)
+    assert cat.inventory(slices, "gpu.topodra.io") == ({"L4"}, True)
 
 
 def test_generate_all_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,7 +123,7 @@ def test_generate_all_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     dc.configure(parser)
     assert dc.run(parser.parse_args(["generate", "--all"])) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["metadata"]["name"] for d in docs] == [s.name for s in dc.catalog()]
+    assert [d["metadata"]["name"] for d in docs] == [s.name for s in cat.catalog()]
 
 
 def test_generate_without_cluster_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,7 +148,7 @@ def test_classes_select_the_devices_discovery_publishes(profile: str, family: st
     devices = load_backend(f"mock:{profile}", "node-a").discover()
     slices = build_slices("gpu.topodra.io", "node-a", "uid-a", devices, 1)
     published = [d for s in slices for d in s["spec"].get("devices") or []]
-    specs = {s.name: s for s in dc.catalog()}
+    specs = {s.name: s for s in cat.catalog()}
     gpus = [d for d in published if specs["gpu.topodra.io"].match.matches(d, "gpu.topodra.io")]
     nics = [d for d in published if specs["nic.topodra.io"].match.matches(d, "gpu.topodra.io")]
     assert gpus and len(gpus) + len(nics) == len(published)
@@ -155,5 +156,5 @@ def test_classes_select_the_devices_discovery_publishes(profile: str, family: st
     others = [n for n, s in specs.items() if s.kind == "model" and n != family]
     assert not any(specs[n].match.matches(d, "gpu.topodra.io") for n in others for d in gpus)
     assert all(specs["gpu-ampere-plus"].match.matches(d, "gpu.topodra.io") for d in gpus)
-    models, has_nic = dc.inventory(slices, "gpu.topodra.io")
-    assert family in [o["metadata"]["name"] for o in dc.classes_for_models(models, with_nic=has_nic)]
+    models, has_nic = cat.inventory(slices, "gpu.topodra.io")
+    assert family in [o["metadata"]["name"] for o in cat.classes_for_models(models, with_nic=has_nic)]

@@ -16,7 +16,7 @@ import re
 import yaml
 from testkit.paths import REPO
 
-from topodra import deviceclasses as dc
+from topodra import classcatalog as dc
 
 GPU = "gpu.topodra.io/gpu"
 LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -10,9 +10,11 @@ import pytest
 from testkit.views import claim, gpus, hold, node_slices, pod, state
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
-from topodra.placement.cel import qualified_capacity, recognise
-from topodra.placement.model import class_matcher, parse_demand
-from topodra.placement.score import DEFAULT_PRIOR, Scorer, make_mix
+from topodra.fleet.cel import qualified_capacity, recognise
+from topodra.fleet.demand import parse_demand
+from topodra.fleet.fgd import DEFAULT_PRIOR, make_mix
+from topodra.fleet.state import class_matcher
+from topodra.placement.score import Scorer
 from topodra.selectors import DeviceMatch
 
 A = f'device.attributes["{DRIVER}"]'
@@ -28,7 +30,7 @@ def check(expr: str, dev: dict[str, Any] | None = None) -> bool:
     sel = recognise(expr)
     assert sel is not None, expr
     dev = dev or h100_gpu()
-    from topodra.placement.model import qualified_attributes
+    from topodra.fleet.state import qualified_attributes
     return sel.matches(DRIVER, qualified_attributes(dev, DRIVER), qualified_capacity(dev, DRIVER))
 
 
@@ -105,11 +107,12 @@ def test_claim_selector_steers_the_prediction_per_node_not_per_shape() -> None:
     assert va is not None and vb is not None and va.shape == vb.shape
     mix = make_mix(DEFAULT_PRIOR, 20, {}, DRIVER)
     rail0 = parse_demand(_with_selector(gpus(1), f'{A}.rail == 0'))
-    got = dict(Scorer().score([("a", va, st.used_indices(va)), ("b", vb, st.used_indices(vb))], [rail0], mix))
+    cands = [("a", va, st.unavailable_indices(va)), ("b", vb, st.unavailable_indices(vb))]
+    got = dict(Scorer().score(cands, [rail0], mix))
     assert got == {"a": 0, "b": 10}
     # Without the selector the started node packs better.
     plain = parse_demand(gpus(1))
-    got = dict(Scorer().score([("a", va, st.used_indices(va)), ("b", vb, st.used_indices(vb))], [plain], mix))
+    got = dict(Scorer().score(cands, [plain], mix))
     assert got == {"a": 10, "b": 1}
     # A selector on a per-node value (the NVLink domain names the node) on two free nodes: same
     # shape, same devices in use -- only the selector mask keeps the memo from sharing the result.

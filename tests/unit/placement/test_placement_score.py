@@ -12,17 +12,11 @@ from testkit.paths import REPO
 from testkit.views import claim, gpus, hold, pod, state
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
-from topodra.placement.model import ClusterState, Demand, DemandError, parse_demand
-from topodra.placement.score import (
-    DEFAULT_PRIOR,
-    Mix,
-    Scorer,
-    make_mix,
-    parse_prior,
-    place,
-    prior_demand,
-    unusable,
-)
+from topodra.fleet.allocator import place
+from topodra.fleet.demand import Demand, DemandError, parse_demand
+from topodra.fleet.fgd import DEFAULT_PRIOR, Mix, make_mix, parse_prior, prior_demand, unusable
+from topodra.fleet.state import ClusterState
+from topodra.placement.score import Scorer
 
 NVLINK = f"{DRIVER}/nvlinkDomain"
 
@@ -44,7 +38,7 @@ def scores(st: ClusterState, spec: dict[str, object], nodes: list[str], mix: Mix
     cands = []
     for n in nodes:
         v = st.node_view(n)
-        cands.append((n, v, st.used_indices(v) if v else frozenset()))
+        cands.append((n, v, st.unavailable_indices(v) if v else frozenset()))
     return dict(Scorer().score(cands, [parse_demand(spec)], mix))
 
 
@@ -85,7 +79,7 @@ def test_place_is_first_fit_in_slice_order() -> None:
     hold(st, "a", ["gpu-0", "gpu-3"])
     v = st.node_view("a")
     assert v is not None
-    used = st.used_indices(v)
+    used = st.unavailable_indices(v)
     after = place(v, used, [parse_demand(gpus(2))])
     assert after is not None
     assert sorted(v.devices[i].key[1] for i in after - used) == ["gpu-1", "gpu-2"]
@@ -98,7 +92,7 @@ def test_place_keeps_nvlink_pairs_like_the_allocator() -> None:
     hold(st, "n", ["gpu-0"])
     v = st.node_view("n")
     assert v is not None
-    used = st.used_indices(v)
+    used = st.unavailable_indices(v)
     after = place(v, used, [parse_demand(gpus(2, nvlink=True))])
     assert after is not None
     took = [v.devices[i] for i in sorted(after - used)]
@@ -116,7 +110,7 @@ def test_place_respects_device_class_and_first_available() -> None:
     for node, model in (("h200", None), ("h100", "H100-SXM5-80GB")):
         v = st.node_view(node)
         assert v is not None
-        after = place(v, st.used_indices(v), [parse_demand(fa)])
+        after = place(v, st.unavailable_indices(v), [parse_demand(fa)])
         if model is None:
             assert after is None  # 7 H200 free, the H100 alternative has no H100 here
         else:
@@ -147,7 +141,7 @@ def test_half_used_domain_is_fragmented_for_8_but_a_free_server_is_not() -> None
     def frag(node: str, demand: Demand) -> int:
         v = st.node_view(node)
         assert v is not None
-        return unusable(v, st.used_indices(v), demand)
+        return unusable(v, st.unavailable_indices(v), demand)
 
     assert frag("half", eight) == 4
     assert frag("free", eight) == 0
@@ -161,7 +155,7 @@ def test_unusable_counts_leftovers_after_repeated_packing() -> None:
     hold(st, "a", ["gpu-0"])
     v = st.node_view("a")
     assert v is not None
-    used = st.used_indices(v)
+    used = st.unavailable_indices(v)
     assert [unusable(v, used, prior_demand(k, DRIVER)) for k in (1, 2, 4, 8)] == [0, 1, 3, 7]
 
 
@@ -231,9 +225,9 @@ def test_claim_lifecycle_moves_devices_in_and_out_of_use() -> None:
     assert st.used == {}
     st.set_claim(claim("c", gpus(1), allocated=[("a", "gpu-2")]))
     v = st.node_view("a")
-    assert v is not None and [v.devices[i].key for i in st.used_indices(v)] == [("a", "gpu-2")]
+    assert v is not None and [v.devices[i].key for i in st.unavailable_indices(v)] == [("a", "gpu-2")]
     st.delete_claim("ns", "c")
-    assert st.used_indices(v) == frozenset()
+    assert st.unavailable_indices(v) == frozenset()
     assert sum(st.observed_mix().values()) == 1  # deleted claims stay in the learned history
 
 
@@ -270,7 +264,7 @@ def test_closed_form_fragments_equal_the_search() -> None:
     """``unusable``'s closed form must agree with packing by the allocator emulation, state by state."""
     import random
 
-    from topodra.placement.score import unusable_by_search
+    from topodra.fleet.fgd import unusable_by_search
 
     st = state({"h100": "dgx-h100", "nvl": "h100-nvl", "a100": "dgx-a100-80gb", "l40s": "l40s"})
     fa = {"devices": {"requests": [{"name": "gpus", "firstAvailable": [
@@ -326,7 +320,7 @@ def test_fragmentation_ranks_nodes_within_the_best_available_choice() -> None:
 
 
 def test_place_ranked_reports_the_alternative_taken() -> None:
-    from topodra.placement.score import place_ranked
+    from topodra.fleet.allocator import place_ranked
 
     st = state({"h200": "dgx-h200", "h100": "dgx-h100"})
     d = parse_demand(_h200_then_h100(2))

@@ -14,10 +14,10 @@ import pytest
 from testkit import cluster as localcluster
 from testkit.views import claim, device_classes, gpus, hold, node_slices, state
 
+from topodra.fleet.fgd import DEFAULT_PRIOR
+from topodra.fleet.state import ClusterState
 from topodra.kube import Kube, KubeError, Obj
 from topodra.placement.cache import Cache
-from topodra.placement.model import ClusterState
-from topodra.placement.score import DEFAULT_PRIOR
 from topodra.placement.server import Placement, Server
 
 
@@ -64,6 +64,7 @@ def test_informer_relists_on_410_and_applies_events() -> None:
         "/apis/resource.k8s.io/v1/deviceclasses": [("list", list(device_classes()), "5")],
         "/api/v1/nodes": [("list", [{"metadata": {"name": "a"}}], "5")],
         "/apis/resource.k8s.io/v1/resourceclaimtemplates": [("list", [], "5")],
+        "/apis/resource.k8s.io/v1/devicetaintrules": [("list", [], "5")],
     })
     cache = Cache(kube, ClusterState("gpu.topodra.io"))
     cache.start()
@@ -74,14 +75,14 @@ def test_informer_relists_on_410_and_applies_events() -> None:
             # The slices informer records its watch@9 call just after it applied the list of version 9.
             with cache.lock:
                 view = cache.state.node_view("a")
-                if view is not None and cache.state.used_indices(view) and \
+                if view is not None and cache.state.unavailable_indices(view) and \
                         len([c for c, p in kube.calls if p == slices]) >= 4:
                     break
             deadline.wait(0.05)
         with cache.lock:
             view = cache.state.node_view("a")
             assert view is not None and len(view.devices) == 16
-            assert [view.devices[i].key for i in cache.state.used_indices(view)] == [("a", "gpu-0")]
+            assert [view.devices[i].key for i in cache.state.unavailable_indices(view)] == [("a", "gpu-0")]
         # The 410 made it list again; the watch after the bookmark resumes from the bookmark's version.
         assert [c for c, p in kube.calls if p == slices][:4] == ["list", "watch@5", "list", "watch@9"]
         for _ in range(400):

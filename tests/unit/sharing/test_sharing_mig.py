@@ -175,7 +175,7 @@ def test_slices_keep_counters_apart_and_respect_limits() -> None:
 
 
 def test_class_generator_learns_mig_and_shared_classes_from_slices() -> None:
-    from topodra import deviceclasses as dc
+    from topodra import classcatalog as dc
 
     published = build_slices(DRIVER, "n1", None, load_backend("mock:dgx-a100-80gb-mig", "n1").discover(), 1)
     assert dc.mig_sizes(published, DRIVER) == {1, 2, 3, 4, 7}

@@ -1,17 +1,19 @@
-"""The scorer's pure view of the cluster: devices per node, what claims ask for, what is in use.
+"""The fleet as the scorer and the inventory read it: devices per node, claims, what is unavailable.
 
 Everything here is plain data built from API objects (JSON dicts) with no I/O, so
 the scoring rule can be tested on hand-built views and the cache only has to feed
-objects in.  Three ideas keep ``prioritize`` cheap:
+objects in.  A device is unavailable when an allocated claim holds it or a blocking
+taint (its slice's or a DeviceTaintRule's, see ``fleet.taints``) keeps it from ordinary
+claims.  Three ideas keep ``prioritize`` cheap:
 
-* a claim's spec is parsed once into a hashable ``Demand`` (requests, their
-  ``firstAvailable`` alternatives, ``matchAttribute`` constraints);
+* a claim's spec is parsed once into a hashable ``Demand`` (``fleet.demand``);
 * each device's DeviceClass membership is worked out when its slice or a class
   changes (through the classes' ``topodra.io/match`` annotation, the same
   predicate our generated CEL says), never per request;
 * each node gets a *shape* id: nodes whose devices look the same to every class
   and constraint (same memberships, same pattern of equal attribute values) share
   it, so results computed for one node are reused for all nodes in the same state.
+  Taints are not part of the shape: they enter through the unavailable set, as allocations do.
 """
 
 from __future__ import annotations
@@ -22,134 +24,15 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Protocol
 
-from topodra.placement.cel import Selector, qualified_capacity, recognise
+from topodra.fleet.allocations import allocated_keys
+from topodra.fleet.cel import Selector, qualified_capacity, recognise
+from topodra.fleet.demand import Demand, DemandError, parse_demand
+from topodra.fleet.pools import newest_slices
+from topodra.fleet.taints import blocking, rule_matches, rule_taint
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) of the scorer's driver
-ANY_GPU = ""  # pseudo class of the prior's request classes: every GPU of the driver
-
-
-class DemandError(ValueError):
-    """A claim spec the scorer cannot read (it then ignores the claim: it never vetoes)."""
-
-
-# --------------------------------------------------------------------------- what claims ask for
-
-
-@dataclass(frozen=True, slots=True)
-class Alternative:
-    """One way to satisfy a request: ``exactly`` or one ``firstAvailable`` subrequest."""
-
-    name: str  # "req" for exactly, "req/sub" for a subrequest (as constraints name them)
-    device_class: str  # ANY_GPU for the prior's classes
-    count: int  # devices; 0 means allocationMode All
-    selectors: tuple[Selector, ...] = ()  # request-level CEL selectors the scorer evaluates (placement.cel)
-    ignored_selectors: int = 0  # request-level CEL selectors outside that subset: treated as matching
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    name: str
-    alternatives: tuple[Alternative, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Constraint:
-    """``matchAttribute``: all devices of the named requests share one value of ``attribute``."""
-
-    requests: tuple[str, ...]  # empty: every request of the claim
-    attribute: str  # fully qualified, e.g. gpu.topodra.io/nvlinkDomain
-
-    def applies(self, request: str, alternative: str) -> bool:
-        return not self.requests or request in self.requests or alternative in self.requests
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """What one ResourceClaim asks for; hashable so results can be memoised per demand."""
-
-    requests: tuple[Request, ...]
-    constraints: tuple[Constraint, ...] = ()
-    # Demands key every memo and the request mix: hash once, not recursively per lookup.
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.requests, self.constraints)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @property
-    def has_selectors(self) -> bool:
-        return any(a.selectors for r in self.requests for a in r.alternatives)
-
-    def without_selectors(self) -> Demand:
-        """The same demand judged by DeviceClasses only (how it enters the request mix)."""
-        if not self.has_selectors:
-            return self
-        return Demand(requests=tuple(Request(r.name, tuple(replace(a, selectors=()) for a in r.alternatives))
-                                     for r in self.requests), constraints=self.constraints)
-
-    def label(self) -> str:
-        """Short human form for logs and metrics, e.g. ``8xgpu.topodra.io|nvlinkDomain``."""
-        parts = []
-        for r in self.requests:
-            alts = "/".join(f"{a.count or 'all'}x{a.device_class or 'gpu'}" for a in r.alternatives)
-            parts.append(alts)
-        attrs = sorted({c.attribute.rsplit("/", 1)[-1] for c in self.constraints})
-        return "+".join(parts) + ("|" + ",".join(attrs) if attrs else "")
-
-
-def _alternative(name: str, body: Obj) -> Alternative:
-    cls = body.get("deviceClassName")
-    if not isinstance(cls, str) or not cls:
-        raise DemandError(f"request {name!r} has no deviceClassName")
-    mode = body.get("allocationMode") or "ExactCount"
-    if mode == "All":
-        count = 0
-    elif mode == "ExactCount":
-        raw = body.get("count", 1)
-        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-            raise DemandError(f"request {name!r} has an invalid count {raw!r}")
-        count = raw
-    else:
-        raise DemandError(f"request {name!r} has an unknown allocationMode {mode!r}")
-    known: list[Selector] = []
-    ignored = 0
-    for sel in body.get("selectors") or []:
-        expr = ((sel or {}).get("cel") or {}).get("expression")
-        got = recognise(expr) if isinstance(expr, str) else None
-        if got is None:
-            ignored += 1
-        else:
-            known.append(got)
-    return Alternative(name=name, device_class=cls, count=count, selectors=tuple(known), ignored_selectors=ignored)
-
-
-def parse_demand(spec: Obj) -> Demand:
-    """A ResourceClaimSpec (``{"devices": {...}}``) as a Demand; DemandError when unreadable."""
-    devices = (spec or {}).get("devices") or {}
-    requests: list[Request] = []
-    for req in devices.get("requests") or []:
-        name = req.get("name")
-        if not isinstance(name, str) or not name:
-            raise DemandError("a request has no name")
-        if req.get("exactly") is not None:
-            alts: tuple[Alternative, ...] = (_alternative(name, req["exactly"]),)
-        elif req.get("firstAvailable"):
-            alts = tuple(_alternative(f"{name}/{sub.get('name', '')}", sub) for sub in req["firstAvailable"])
-        else:
-            raise DemandError(f"request {name!r} has neither exactly nor firstAvailable")
-        requests.append(Request(name=name, alternatives=alts))
-    if not requests:
-        raise DemandError("the claim has no device requests")
-    constraints = []
-    for c in devices.get("constraints") or []:
-        attr = c.get("matchAttribute")
-        if isinstance(attr, str) and attr:
-            constraints.append(Constraint(requests=tuple(c.get("requests") or ()), attribute=attr))
-    return Demand(requests=tuple(requests), constraints=tuple(constraints))
 
 
 # --------------------------------------------------------------------------- devices and nodes
@@ -163,6 +46,7 @@ class DeviceView:
     attrs: Mapping[str, Any]  # fully qualified attribute name -> plain value
     capacity: Mapping[str, Decimal] = field(default_factory=dict)  # fully qualified name -> value
     driver: str = ""
+    tainted: bool = False  # a NoSchedule/NoExecute taint in its own slice (DeviceTaintRules: ClusterState)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +76,7 @@ class DevicePredicate(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CelClass:
-    """A DeviceClass without our annotation whose CEL selectors are all in ``placement.cel``'s subset."""
+    """A DeviceClass without our annotation whose CEL selectors are all in ``fleet.cel``'s subset."""
 
     selectors: tuple[Selector, ...]
 
@@ -254,11 +138,9 @@ def _claim_info(obj: Obj, driver: str) -> ClaimInfo:
         demand: Demand | None = parse_demand(obj.get("spec") or {})
     except DemandError:
         demand = None
-    alloc = (obj.get("status") or {}).get("allocation")
-    results = ((alloc or {}).get("devices") or {}).get("results") or []
-    keys = tuple((str(r.get("pool", "")), str(r.get("device", ""))) for r in results if r.get("driver") == driver)
     return ClaimInfo(uid=str(meta.get("uid", "")), created=str(meta.get("creationTimestamp", "")),
-                     demand=demand, allocated=keys, is_allocated=alloc is not None)
+                     demand=demand, allocated=allocated_keys(obj, driver),
+                     is_allocated=(obj.get("status") or {}).get("allocation") is not None)
 
 
 def _key(obj: Obj) -> tuple[str, str]:
@@ -289,7 +171,8 @@ class ClusterState:
         self.mix_version = 0  # bumped whenever ``recent`` changes (lets callers reuse a mix)
         self._mix: tuple[int, dict[Demand, int]] | None = None
         self._interned: dict[Demand, Demand] = {}  # one object per distinct demand: dict hits by identity
-        self.used: dict[DeviceKey, int] = {}
+        self.used: dict[DeviceKey, int] = {}  # allocated devices -> how many claims hold them
+        self.taint_rules: dict[str, Obj] = {}  # DeviceTaintRules with an effect, by name
         self._slices_by_node: dict[str, set[str]] = {}
         self._pool_node: dict[str, str] = {}
         self._used_by_node: dict[str, frozenset[int]] = {}
@@ -330,6 +213,18 @@ class ClusterState:
             node = self._pool_node.get(pool)
             if node is not None:
                 self._used_by_node.pop(node, None)
+
+    def set_taint_rule(self, obj: Obj) -> None:
+        """A DeviceTaintRule (any driver's: its selector decides); one without an effect taints nothing."""
+        name = _key(obj)[1]
+        self.taint_rules.pop(name, None)
+        if rule_taint(obj) is not None:
+            self.taint_rules[name] = obj
+        self._used_by_node.clear()  # a rule may select devices on any node
+
+    def delete_taint_rule(self, name: str) -> None:
+        if self.taint_rules.pop(name, None) is not None:
+            self._used_by_node.clear()
 
     def set_class(self, obj: Obj) -> None:
         self.classes[_key(obj)[1]] = class_matcher(obj)
@@ -425,6 +320,11 @@ class ClusterState:
             self.templates.clear()
             for o in items:
                 self.set_template(o)
+        elif kind == "taintrules":
+            self.taint_rules.clear()
+            for o in items:
+                self.set_taint_rule(o)
+            self._used_by_node.clear()
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -438,15 +338,7 @@ class ClusterState:
         names = self._slices_by_node.get(node)
         if not names:
             return None
-        slices = [self.slices[n] for n in names]
-        newest: dict[str, int] = {}
-        for s in slices:
-            pool = s["spec"].get("pool") or {}
-            pname = str(pool.get("name", ""))
-            newest[pname] = max(newest.get(pname, -1), int(pool.get("generation", 0)))
-        current = [s for s in slices
-                   if int((s["spec"].get("pool") or {}).get("generation", 0))
-                   == newest[str((s["spec"].get("pool") or {}).get("name", ""))]]
+        current = newest_slices(self.slices[n] for n in names)
         current.sort(key=lambda s: (str(s["spec"]["pool"].get("name", "")), str(s["metadata"]["name"])))
         devices = []
         for s in current:
@@ -458,7 +350,8 @@ class ClusterState:
                 devices.append(DeviceView(key=(pool, str(dev.get("name", ""))),
                                           gpu=attrs.get(f"{self.driver}/type") == "gpu",
                                           classes=classes, attrs=attrs,
-                                          capacity=qualified_capacity(dev, self.driver), driver=self.driver))
+                                          capacity=qualified_capacity(dev, self.driver), driver=self.driver,
+                                          tainted=blocking(dev.get("taints") or [])))
         shape = self._shapes.setdefault(_shape_key(devices), len(self._shapes))
         view = NodeView(name=node, devices=tuple(devices), shape=shape,
                         index={d.key: i for i, d in enumerate(devices)})
@@ -469,13 +362,20 @@ class ClusterState:
         """Build every node's view now (after a relist) rather than in the next ``prioritize`` call."""
         return sum(1 for node in list(self._slices_by_node) if self.node_view(node) is not None)
 
-    def used_indices(self, view: NodeView) -> frozenset[int]:
-        """Indices of the node's devices held by allocated claims (cached until a claim there changes)."""
+    def unavailable_indices(self, view: NodeView) -> frozenset[int]:
+        """Indices of the node's devices no ordinary claim can get: held by an allocated claim, or
+        blocked by a NoSchedule/NoExecute taint (the slice's or a DeviceTaintRule's). Cached until a
+        claim there, the node's slices or any rule change."""
         got = self._used_by_node.get(view.name)
         if got is None:
             got = self._used_by_node[view.name] = frozenset(
-                i for i, d in enumerate(view.devices) if d.key in self.used)
+                i for i, d in enumerate(view.devices) if d.key in self.used or d.tainted
+                or self._ruled_out(d.key))
         return got
+
+    def _ruled_out(self, key: DeviceKey) -> bool:
+        return any(rule_matches(r, self.driver, key[0], key[1]) for r in self.taint_rules.values()
+                   if blocking([rule_taint(r) or {}]))
 
     def pod_demands(self, pod: Obj) -> list[Demand]:
         """The pod's claims still to be allocated, from the cache (never the API).
@@ -522,6 +422,7 @@ class ClusterState:
     def sizes(self) -> dict[str, int]:
         return {"slices": len(self.slices), "nodes": len(self.nodes), "claims": len(self.claims),
                 "templates": len(self.templates), "device_classes": len(self.classes),
+                "taint_rules": len(self.taint_rules),
                 "used_devices": len(self.used), "recent_claims": len(self.recent),
                 "node_views": len(self._views), "shapes": len(self._shapes)}
 

@@ -1,0 +1,172 @@
+"""Fragmentation (FGD, Weng et al., USENIX ATC'23) of a node's free GPUs for whole-GPU requests. Pure.
+
+``unusable(n, m)``: free GPUs on node n that request class m cannot use: pack m onto n's available
+devices again and again (the allocator emulation) until it no longer fits; the free GPUs left over are
+m's fragments (wrong model, too few in one NVLink domain, ...). A half-used 8-GPU domain leaves 4
+fragments for an 8-GPU class; a whole free server leaves none. ``F_n = sum_m p_m * unusable(n, m)``
+over the expected request mix (a prior mixed with the claims seen).
+
+The placement scorer minimises the change of F_n; the inventory prints F_n. Both call
+``Fragmentation`` on the same views with the same unavailable devices (allocated or blocking-tainted,
+``ClusterState.unavailable_indices``), so the printed number is the optimised one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from topodra.fleet.allocator import alternative_matches, free_gpus, place
+from topodra.fleet.demand import ANY_GPU, Alternative, Constraint, Demand, Request
+from topodra.fleet.state import NodeView
+
+DEFAULT_PRIOR = {1: 0.6, 2: 0.1, 4: 0.1, 8: 0.2}
+_UNSET: Any = object()
+
+
+def parse_prior(text: str) -> dict[int, float]:
+    """``'1:0.6,2:0.1,4:0.1,8:0.2'`` -> {GPUs: weight}, normalised; ValueError when malformed."""
+    out: dict[int, float] = {}
+    for part in text.split(","):
+        size, sep, weight = part.strip().partition(":")
+        try:
+            k, w = int(size), float(weight)
+        except ValueError:
+            raise ValueError(f"prior entry {part.strip()!r} is not GPUS:WEIGHT (e.g. 8:0.2)") from None
+        if not sep or k < 1 or w < 0 or k in out:
+            raise ValueError(f"prior entry {part.strip()!r}: GPUs must be >= 1 and unique, weight >= 0")
+        out[k] = w
+    total = sum(out.values())
+    if total <= 0:
+        raise ValueError("prior weights must not all be zero")
+    return {k: w / total for k, w in out.items()}
+
+
+def prior_demand(gpus: int, driver: str) -> Demand:
+    """A prior request class: ``gpus`` GPUs of any model, in one NVLink domain when more than one."""
+    cons = (Constraint(requests=(), attribute=f"{driver}/nvlinkDomain"),) if gpus > 1 else ()
+    return Demand(requests=(Request("gpus", (Alternative("gpus", ANY_GPU, gpus),)),), constraints=cons)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Request classes with their probabilities p_m (summing to 1)."""
+
+    classes: tuple[tuple[Demand, float], ...]
+
+
+def make_mix(prior: Mapping[int, float], prior_weight: float, observed: Mapping[Demand, int],
+             driver: str, known_classes: frozenset[str] | None = None) -> Mix:
+    """p_m = (prior_weight * prior_m + count_m) / (prior_weight + total count).
+
+    The prior acts as ``prior_weight`` pseudo-claims; observed claims whose classes the
+    scorer cannot evaluate (foreign DeviceClasses) are left out.
+    """
+    weights: dict[Demand, float] = {}
+    for gpus, p in prior.items():
+        if p > 0 and prior_weight > 0:
+            d = prior_demand(gpus, driver)
+            weights[d] = weights.get(d, 0.0) + prior_weight * p
+    for demand, n in observed.items():
+        if known_classes is not None and not all(
+                a.device_class in known_classes for r in demand.requests for a in r.alternatives):
+            continue
+        demand = demand.without_selectors()  # fragments are memoised per node shape (see selector_mask)
+        weights[demand] = weights.get(demand, 0.0) + n
+    total = sum(weights.values())
+    if total <= 0:
+        return Mix(classes=())
+    return Mix(classes=tuple((d, w / total) for d, w in weights.items()))
+
+
+def _pack_groups(view: NodeView, used: frozenset[int], demand: Demand) -> int | None:
+    """``unusable`` for the common shape in closed form, or None when the shape is not covered.
+
+    One request whose alternatives take ``k`` devices each under constraints that cover the whole
+    request: a placement takes k devices from one group of equal constrained values, so packing it
+    over and over fills floor(|group| / k) placements per group, lowest devices first (first fit),
+    alternative after alternative. Same result as repeated ``place``, without the search.
+    """
+    if len(demand.requests) != 1:
+        return None
+    req = demand.requests[0]
+    if any(a.count == 0 for a in req.alternatives):
+        return None
+    free = [i for i in range(len(view.devices)) if i not in used]
+    taken: set[int] = set()
+    for alt in req.alternatives:
+        attrs = [c.attribute for c in demand.constraints if c.applies(req.name, alt.name)]
+        if len(attrs) != len(demand.constraints):
+            return None  # a constraint on only some subrequests: let the search decide
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i in free:
+            d = view.devices[i]
+            if i in taken or not alternative_matches(alt, d):
+                continue
+            key = tuple(d.attrs.get(a, _UNSET) for a in attrs)
+            if _UNSET in key:
+                continue
+            groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            n = len(members) // alt.count * alt.count
+            taken.update(members[:n])
+    return sum(1 for i in free if view.devices[i].gpu and i not in taken)
+
+
+def unusable(view: NodeView, used: frozenset[int], demand: Demand) -> int:
+    """F_n(m): free GPUs left after packing request class ``demand`` onto the node as often as it fits."""
+    fast = _pack_groups(view, used, demand)
+    if fast is not None:
+        return fast
+    return unusable_by_search(view, used, demand)
+
+
+def unusable_by_search(view: NodeView, used: frozenset[int], demand: Demand) -> int:
+    """``unusable`` by placing the class again and again with the allocator emulation."""
+    current = used
+    while True:
+        nxt = place(view, current, (demand,))
+        if nxt is None or not any(view.devices[i].gpu for i in nxt - current):
+            break  # no fit, or a class that takes no GPU (it cannot strand any)
+        current = nxt
+    return free_gpus(view, current)
+
+
+class Fragmentation:
+    """F_n with memoised fragments per (node shape, unavailable devices, request class).
+
+    The memo is keyed by what determines the result, so it stays valid across cluster changes; it is
+    dropped wholesale when it grows large.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._unusable: dict[tuple[int, frozenset[int], int], int] = {}
+        self._ids: dict[Demand, int] = {}  # demands hash recursively: look them up once per call
+        self._max = max_entries
+
+    def _trim(self) -> None:
+        if len(self._unusable) > self._max:
+            self._unusable.clear()
+            self._ids.clear()
+
+    def _classes(self, mix: Mix) -> list[tuple[int, Demand, float]]:
+        out = []
+        for demand, p in mix.classes:
+            i = self._ids.get(demand)
+            if i is None:
+                i = self._ids[demand] = len(self._ids)
+            out.append((i, demand, p))
+        return out
+
+    def fragmentation(self, view: NodeView, used: frozenset[int], mix: Mix,
+                      classes: list[tuple[int, Demand, float]] | None = None) -> float:
+        """F_n = sum_m p_m * unusable(n, m); ``used``: the node's unavailable device indices."""
+        total = 0.0
+        for i, demand, p in classes if classes is not None else self._classes(mix):
+            key = (view.shape, used, i)
+            u = self._unusable.get(key)
+            if u is None:
+                u = self._unusable[key] = unusable(view, used, demand)
+            total += p * u
+        return total
