@@ -12,7 +12,7 @@ import yaml
 from testkit.paths import REPO
 
 from topodra import classcatalog as cat
-from topodra import classcatalog as dc
+from topodra import deviceclasses as dc
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 CLASS_DIR = REPO / "deviceclasses"
