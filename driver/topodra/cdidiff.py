@@ -7,9 +7,10 @@ test (or ``hack/gpu-check`` on a real node) prove topodra's specs against ``nvid
 instead of against topodra's own idea of a driver. Pure: specs are the parsed JSON/YAML dicts.
 
 What counts as the same:
-- device nodes by container path; host path (default: the container path), type, major, minor and
-  fileMode must agree where both sides state them. A side that omits type/major/minor lets the runtime stat
-  the host node, so "unstated" is not a difference; :attr:`EditsDiff.unstated_nodes` lists them.
+- device nodes by container path; host path (default: the container path), type, major, minor, fileMode,
+  permissions, uid and gid must agree where both sides state them. A side that omits type/major/minor lets
+  the runtime stat the host node, so "unstated" is not a difference; :attr:`EditsDiff.unstated_nodes` lists
+  them.
 - mounts by container path; host path, type and the option set must agree.
 - hooks by (hookName, program basename, args after argv[0]): the hook binary may live elsewhere.
 - env by variable name; values must agree.
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-_NODE_FIELDS = ("hostPath", "type", "major", "minor", "fileMode")
+_NODE_FIELDS = ("hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid")
 
 
 class SpecShapeError(ValueError):
