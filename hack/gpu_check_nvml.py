@@ -68,11 +68,14 @@ def _remote_bus_id(nvml: Any, h: Any, link: int) -> Any:
 
 def _links(nvml: Any, h: Any) -> list[dict[str, Any]]:
     links = []
+    device_wide = {getattr(nvml, n, None) for n in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")}
     for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
         state = _call(partial(nvml.nvmlDeviceGetNvLinkState, h, link))
         if state.get("value") != nvml.NVML_FEATURE_ENABLED:
             if "error" in state and state.get("code") != getattr(nvml, "NVML_ERROR_INVALID_ARGUMENT", None):
                 links.append({"link": link, "state": state})
+                if state.get("code") in device_wide:
+                    break  # no NVLink on this GPU (or in this library): the other links answer the same
             continue
         links.append({
             "link": link,

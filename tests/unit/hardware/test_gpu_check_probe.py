@@ -88,3 +88,14 @@ def test_main_writes_the_report_and_the_mig_table(tmp_path: Path, monkeypatch: p
     rows = gpu_check_nvml.mig_rows(report)
     assert rows, "the profile has MIG-enabled GPUs"
     assert mig.read_text() == "".join(r + "\n" for r in rows)
+
+
+def test_a_gpu_without_nvlink_is_one_entry_not_one_per_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = fake("l4")
+
+    def unsupported(h: Any, link: int) -> int:
+        raise nvml_error("NotSupported")
+
+    monkeypatch.setattr(nvml, "nvmlDeviceGetNvLinkState", unsupported)
+    (entry,) = gpu_check_nvml.probe(nvml)["gpus"][0]["nvlinks"]
+    assert entry["link"] == 0 and entry["state"]["code"] == pynvml.NVML_ERROR_NOT_SUPPORTED
