@@ -79,8 +79,8 @@ LOCK_FILE = "serialize.lock"
 CRASH_POINT_ENV = "TOPODRA_CRASH_POINT"
 # Where TOPODRA_CRASH_POINT makes the process exit as if killed (docs/prepare.md, "Testing hooks").
 CRASH_POINTS = frozenset({
-    "prepare-before-write",          # claims planned under the lock, nothing written yet
     "after-mig-created",             # MIG instances of the batch created, no CDI spec or checkpoint yet
+    "prepare-before-write",          # GPU state (MIG, time-slice, MPS) made, no CDI spec or checkpoint yet
     "prepare-mid-cdi",               # after the first new CDI spec of the batch, before the others
     "after-cdi-written",             # every new spec written, checkpoint not yet
     "after-checkpoint-written",      # checkpoint written, answer not yet sent
