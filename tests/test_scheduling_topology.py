@@ -24,9 +24,9 @@ import pytest
 import yaml
 from conftest import REPO, ClusterHandle, wait_for
 
-from topodra.apipaths import claim_path, event_path, namespace_path, pod_path, slices_path, template_path
+from topodra.apipaths import claim_path, event_path, namespace_path, node_path, pod_path, slices_path, template_path
 from topodra.kube import KubeError
-from topodra.simulate import SimulatedCluster, Simulation
+from topodra.simulate import SimulatedCluster, Simulation, fake_node
 
 pytestmark = pytest.mark.cluster
 
@@ -243,11 +243,12 @@ class Scenario:
     def conditions(self, pod_name: str) -> list[Obj]:
         return list((self.get_pod(pod_name).get("status") or {}).get("conditions") or [])
 
-    def wait_unschedulable(self, pod_name: str, timeout: float = 60, settle: float = 3.0) -> str:
+    def wait_unschedulable(self, pod_name: str, timeout: float = 60) -> str:
         """Wait for the scheduler to give up on the pod because of its claim; returns its message.
 
-        Checks the PodScheduled condition and the FailedScheduling event, and that after ``settle``
-        seconds the pod is still unbound and its claim still unallocated.
+        Checks the PodScheduled condition and the FailedScheduling event, then makes the scheduler try
+        the pod once more and checks that, after that attempt, it is still unbound and its claim still
+        unallocated (a fixed wait would pass even if the scheduler never looked again).
         """
         def unschedulable() -> str | None:
             for c in self.conditions(pod_name):
@@ -271,12 +272,35 @@ class Scenario:
             wait_for(failed_scheduling_event, 30, f"FailedScheduling event of {pod_name}")
         except AssertionError as e:
             raise AssertionError(f"{e}; events: {events}") from None
-        time.sleep(settle)
+        self._wait_retried(pod_name)
         assert not self.get_pod(pod_name)["spec"].get("nodeName")
         claim = self.claim_of(pod_name)
         assert claim is not None, "the claim controller did not create the pod's claim"
         assert not (claim.get("status") or {}).get("allocation")
         return message
+
+    def _wait_retried(self, pod_name: str, timeout: float = 60) -> None:
+        """Block until the scheduler made another attempt at ``pod_name`` (which it found Unschedulable).
+
+        A new Node is a cluster event for which DynamicResources re-queues every pod it rejected (no
+        queueing hint). This one is cordoned, outside every test's node set and has no devices, so the
+        retry can only fail again, with one more node in its "0/N nodes are available" count: a new
+        condition message.
+        """
+        before = [c.get("message") for c in self.conditions(pod_name) if c.get("type") == "PodScheduled"]
+        marker = f"retry-{self.run}-{uuid.uuid4().hex[:4]}"
+        node = fake_node(marker)
+        node["spec"]["unschedulable"] = True
+        self.kube.create(node_path(), node)
+        try:
+            def retried() -> bool:
+                if self.get_pod(pod_name)["spec"].get("nodeName"):
+                    return True  # bound after all: the caller's assertion says so
+                now = [c.get("message") for c in self.conditions(pod_name) if c.get("type") == "PodScheduled"]
+                return now != before
+            wait_for(retried, timeout, f"the scheduler to try {pod_name} again")
+        finally:
+            self.kube.delete(node_path(marker))
 
     # -- devices
 
