@@ -153,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="timed passes over all devices per selector (default 5)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    try:
+        import cel  # noqa: F401
+    except ImportError:
+        print("needs the library under test: .venv/bin/pip install common-expression-language==0.10.0",
+              file=sys.stderr)
+        return 2
     st, _rng = build(50, 1)
     names = sorted(st.nodes)
     devices = [d for n in names if (v := st.node_view(n)) is not None for d in v.devices]
