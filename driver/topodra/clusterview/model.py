@@ -26,8 +26,7 @@ from typing import Any
 from topodra import DEFAULT_DRIVER_NAME
 
 # The placement modules (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``: the
-# ``--png`` worker and the renderers need only the dataclasses here, and a fork that happens before the
-# placement imports leaves them to the process that builds the view.
+# renderers and the ``--watch --png`` worker need only the dataclasses here.
 
 Obj = dict[str, Any]
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
