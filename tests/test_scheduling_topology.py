@@ -55,6 +55,7 @@ class Scenario:
         self.sim = Simulation(self.kube, spec)
         self.roles = {role: [f"s{self.run}-{role}-{i}" for i in range(count)] for role, _p, count in groups}
         self.ns = ""
+        self._retry_nodes: list[str] = []  # see _wait_retried
         try:
             self.sim.setup()
             written = self.sim.reconcile_all()
@@ -164,7 +165,11 @@ class Scenario:
                                   {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
                 self.kube.delete(namespace_path(self.ns))
         finally:
-            self.sim.delete()
+            try:
+                for name in self._retry_nodes:
+                    self.kube.delete(node_path(name))
+            finally:
+                self.sim.delete()
 
     # -- objects
 
@@ -272,35 +277,39 @@ class Scenario:
             wait_for(failed_scheduling_event, 30, f"FailedScheduling event of {pod_name}")
         except AssertionError as e:
             raise AssertionError(f"{e}; events: {events}") from None
-        self._wait_retried(pod_name)
+        message = self._wait_retried(pod_name)
         assert not self.get_pod(pod_name)["spec"].get("nodeName")
+        assert UNSCHEDULABLE_NEEDLE in message, message
         claim = self.claim_of(pod_name)
         assert claim is not None, "the claim controller did not create the pod's claim"
         assert not (claim.get("status") or {}).get("allocation")
         return message
 
-    def _wait_retried(self, pod_name: str, timeout: float = 60) -> None:
-        """Block until the scheduler made another attempt at ``pod_name`` (which it found Unschedulable).
+    def _wait_retried(self, pod_name: str, timeout: float = 60) -> str:
+        """Make the scheduler try ``pod_name`` (found Unschedulable) once more; its new condition message.
 
         A new Node is a cluster event for which DynamicResources re-queues every pod it rejected (no
         queueing hint). This one is cordoned, outside every test's node set and has no devices, so the
         retry can only fail again, with one more node in its "0/N nodes are available" count: a new
-        condition message.
+        condition message. The node stays until ``close()``: deleting it now could be one more event,
+        and the message read by the caller would not be the pod's last.
         """
-        before = [c.get("message") for c in self.conditions(pod_name) if c.get("type") == "PodScheduled"]
+        def scheduled_messages() -> list[str]:
+            return [str(c.get("message", "")) for c in self.conditions(pod_name) if c.get("type") == "PodScheduled"]
+
+        before = scheduled_messages()
         marker = f"retry-{self.run}-{uuid.uuid4().hex[:4]}"
         node = fake_node(marker)
         node["spec"]["unschedulable"] = True
         self.kube.create(node_path(), node)
-        try:
-            def retried() -> bool:
-                if self.get_pod(pod_name)["spec"].get("nodeName"):
-                    return True  # bound after all: the caller's assertion says so
-                now = [c.get("message") for c in self.conditions(pod_name) if c.get("type") == "PodScheduled"]
-                return now != before
-            wait_for(retried, timeout, f"the scheduler to try {pod_name} again")
-        finally:
-            self.kube.delete(node_path(marker))
+        self._retry_nodes.append(marker)
+
+        def retried() -> bool:
+            if self.get_pod(pod_name)["spec"].get("nodeName"):
+                return True  # bound after all: the caller's assertion says so
+            return scheduled_messages() != before
+        wait_for(retried, timeout, f"the scheduler to try {pod_name} again")
+        return next(iter(scheduled_messages()), "")
 
     # -- devices
 
