@@ -11,8 +11,9 @@ log = logging.getLogger(__name__)
 CRASH_POINT_ENV = "TOPODRA_CRASH_POINT"
 CRASH_EXIT_CODE = 137
 CRASH_POINTS = frozenset({
-    "prepare-before-write",          # claims planned and effects applied, nothing written yet
+    # In the order a prepare and an unprepare reach them (docs/prepare.md, "Testing hooks").
     "after-mig-created",             # MIG instances of the batch created, no CDI spec or checkpoint yet
+    "prepare-before-write",          # claims planned and effects applied, nothing written yet
     "prepare-mid-cdi",               # after the first new CDI spec of the batch, before the others
     "after-cdi-written",             # every new spec written, checkpoint not yet
     "after-checkpoint-written",      # checkpoint written, answer not yet sent

@@ -6,8 +6,9 @@ objects small.  Two transports sit under one interface:
 
 - the common cases, in-cluster service-account config and kubeconfigs whose
   user is a client certificate or a bearer token, go straight through
-  ``urllib3``: importing the official ``kubernetes`` package costs the
-  per-node plugin ~15 MiB of its 80 MB budget (bench/import_rss.py);
+  ``urllib3``: importing the official ``kubernetes`` package would add 5.6 MiB
+  to the per-node plugin's imports (55.0 -> 60.6 MiB, bench/run import_rss,
+  docs/benchmarks.md "Memory"), of its 80 MB budget;
 - anything else a kubeconfig can say (exec credential plugins, auth
   providers, proxies, ...) is loaded by the official client, imported only then.
 """

@@ -49,6 +49,7 @@ class SlicePublisher:
         self.max_backoff = max_backoff
         self.observer = observer
         self.generation = 0
+        self.passes = 0  # completed reconcile passes: lets a caller see that a resync ran (and wrote nothing)
         self._node_uid: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -106,6 +107,7 @@ class SlicePublisher:
                    and all(same_content(existing[d["metadata"]["name"]], d) for d in desired))
         if in_sync:  # same devices and the same generation in every slice of the pool
             self._mark_synced(version)
+            self.passes += 1
             return False
         # Something differs: publish everything under a fresh generation.
         wait = self._last_write + self.min_write_interval - time.monotonic()
@@ -130,6 +132,7 @@ class SlicePublisher:
                  f" (re-created {sorted(missing)})" if missing and existing else "")
         self.observer.published(len(devices))
         self._mark_synced(version)
+        self.passes += 1
         return True
 
     def _mark_synced(self, version: int) -> None:

@@ -126,6 +126,12 @@ def _condition(cluster: ClusterHandle, ns: str, name: str, ctype: str) -> dict[s
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
 
 
+def _refreshed_after(cluster: ClusterHandle, ns: str, name: str, stamp: str) -> str | None:
+    """The profile's ``status.lastRefresh`` (RFC 3339, whole seconds) if later than ``stamp``."""
+    got = ((cluster.kube.get(profile_path(ns, name)) or {}).get("status") or {}).get("lastRefresh")
+    return str(got) if got and str(got) > stamp else None
+
+
 def test_controller_renders_replaces_and_deletes(controller: tuple[ClusterHandle, str, Any]) -> None:
     cluster, ns, proc = controller
     cluster.kube.create(profile_path(ns), _profile("train", VALID))
@@ -184,9 +190,12 @@ def test_restart_is_idempotent_and_standby_waits(crd: ClusterHandle) -> None:
             assert released["spec"]["holderIdentity"] in ("", "second"), released["spec"]
             wait_for(lambda: (crd.kube.get(lease_path(ns, "topodra-controller")) or {}).get("spec", {})
                      .get("holderIdentity") == "second", 30, "standby takes over")
-            # the new leader re-reconciles and finds the template current: no replacement
-            wait_for(lambda: (_condition(crd, ns, "train", "Ready") or {}).get("status") == "True", 30, "Ready")
-            time.sleep(5)  # two refresh periods
+            # the new leader re-reconciles and finds the template current: no replacement. Its status
+            # stamp (written after each reconcile) moving past the takeover, twice, shows two passes ran.
+            took_over = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            first_pass = wait_for(lambda: _refreshed_after(crd, ns, "train", took_over), 30, "a refresh pass")
+            wait_for(lambda: _refreshed_after(crd, ns, "train", first_pass), 30, "a second refresh pass")
+            assert (_condition(crd, ns, "train", "Ready") or {}).get("status") == "True"
             now = crd.kube.get(template_path(ns, "train"))
             assert now is not None and now["metadata"]["uid"] == tmpl["metadata"]["uid"]
             templates = list(crd.kube.list(template_path(ns)))

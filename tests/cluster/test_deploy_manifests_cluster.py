@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,7 +267,14 @@ def test_controller_reconciles_with_only_its_rbac(installed: ClusterHandle, tmp_
             conds = {x["type"]: x["status"] for x in (prof.get("status") or {}).get("conditions") or []}
             return conds.get("Ready") == "True"
         wait_for(ready, 60, "profile status Ready written by the controller")
-        time.sleep(3)  # at least one refresh pass (lists slices, claims, classes) after the first render
+
+        def refreshed_after(stamp: str) -> str | None:  # status.lastRefresh is written after each pass
+            prof = nc.kube.get(f"/apis/topodra.io/v1alpha1/namespaces/{ns}/claimprofiles/train") or {}
+            got = (prof.get("status") or {}).get("lastRefresh")
+            return str(got) if got and str(got) > stamp else None
+        # at least one full refresh pass (lists slices, claims, classes, writes status) after the first render
+        first = wait_for(lambda: refreshed_after(""), 30, "status.lastRefresh")
+        wait_for(lambda: refreshed_after(first), 30, "a later refresh pass")
         assert proc.poll() is None, log.read_text()
         assert stop(proc) == 0, log.read_text()
         text = log.read_text()

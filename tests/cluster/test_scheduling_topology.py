@@ -25,9 +25,9 @@ import yaml
 from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
 
-from topodra.apipaths import claim_path, event_path, namespace_path, pod_path, slices_path, template_path
+from topodra.apipaths import claim_path, event_path, namespace_path, node_path, pod_path, slices_path, template_path
 from topodra.kube import KubeError
-from topodra.simulate import SimulatedCluster, Simulation
+from topodra.simulate import SimulatedCluster, Simulation, fake_node
 
 pytestmark = pytest.mark.cluster
 
@@ -56,6 +56,7 @@ class Scenario:
         self.sim = Simulation(self.kube, spec)
         self.roles = {role: [f"s{self.run}-{role}-{i}" for i in range(count)] for role, _p, count in groups}
         self.ns = ""
+        self._retry_nodes: list[str] = []  # see _wait_retried
         try:
             self.sim.setup()
             written = self.sim.reconcile_all()
@@ -165,7 +166,11 @@ class Scenario:
                                   {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
                 self.kube.delete(namespace_path(self.ns))
         finally:
-            self.sim.delete()
+            try:
+                for name in self._retry_nodes:
+                    self.kube.delete(node_path(name))
+            finally:
+                self.sim.delete()
 
     # -- objects
 
@@ -244,11 +249,12 @@ class Scenario:
     def conditions(self, pod_name: str) -> list[Obj]:
         return list((self.get_pod(pod_name).get("status") or {}).get("conditions") or [])
 
-    def wait_unschedulable(self, pod_name: str, timeout: float = 60, settle: float = 3.0) -> str:
+    def wait_unschedulable(self, pod_name: str, timeout: float = 60) -> str:
         """Wait for the scheduler to give up on the pod because of its claim; returns its message.
 
-        Checks the PodScheduled condition and the FailedScheduling event, and that after ``settle``
-        seconds the pod is still unbound and its claim still unallocated.
+        Checks the PodScheduled condition and the FailedScheduling event, then makes the scheduler try
+        the pod once more and checks that, after that attempt, it is still unbound and its claim still
+        unallocated (a fixed wait would pass even if the scheduler never looked again).
         """
         def unschedulable() -> str | None:
             for c in self.conditions(pod_name):
@@ -272,12 +278,39 @@ class Scenario:
             wait_for(failed_scheduling_event, 30, f"FailedScheduling event of {pod_name}")
         except AssertionError as e:
             raise AssertionError(f"{e}; events: {events}") from None
-        time.sleep(settle)
+        message = self._wait_retried(pod_name)
         assert not self.get_pod(pod_name)["spec"].get("nodeName")
+        assert UNSCHEDULABLE_NEEDLE in message, message
         claim = self.claim_of(pod_name)
         assert claim is not None, "the claim controller did not create the pod's claim"
         assert not (claim.get("status") or {}).get("allocation")
         return message
+
+    def _wait_retried(self, pod_name: str, timeout: float = 60) -> str:
+        """Make the scheduler try ``pod_name`` (found Unschedulable) once more; its new condition message.
+
+        A new Node is a cluster event for which DynamicResources re-queues every pod it rejected (no
+        queueing hint). This one is cordoned, outside every test's node set and has no devices, so the
+        retry can only fail again, with one more node in its "0/N nodes are available" count: a new
+        condition message. The node stays until ``close()``: deleting it now could be one more event,
+        and the message read by the caller would not be the pod's last.
+        """
+        def scheduled_messages() -> list[str]:
+            return [str(c.get("message", "")) for c in self.conditions(pod_name) if c.get("type") == "PodScheduled"]
+
+        before = scheduled_messages()
+        marker = f"retry-{self.run}-{uuid.uuid4().hex[:4]}"
+        node = fake_node(marker)
+        node["spec"]["unschedulable"] = True
+        self.kube.create(node_path(), node)
+        self._retry_nodes.append(marker)
+
+        def retried() -> bool:
+            if self.get_pod(pod_name)["spec"].get("nodeName"):
+                return True  # bound after all: the caller's assertion says so
+            return scheduled_messages() != before
+        wait_for(retried, timeout, f"the scheduler to try {pod_name} again")
+        return next(iter(scheduled_messages()), "")
 
     # -- devices
 

@@ -5,8 +5,6 @@ Split by tier; the rest: tests/unit/slices/test_slices.py.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from testkit.handle import ClusterHandle, wait_for
 
@@ -57,9 +55,11 @@ def test_publisher_publishes_reconciles_and_bumps_generation(cluster: ClusterHan
         wait_for(lambda: len(_pool(cluster, node)[0]["spec"]["devices"]) == 7, 30, "7-device pool")
         assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] > gen2
 
-        # No change -> no writes (generation stable across resyncs).
+        # No change -> no writes (generation stable across resyncs): wait for two completed passes, so at
+        # least one whole resync started after gen3 was read.
         gen3 = _pool(cluster, node)[0]["spec"]["pool"]["generation"]
-        time.sleep(1.5)
+        passes = pub.passes
+        wait_for(lambda: pub.passes >= passes + 2, 30, "two resync passes")
         assert _pool(cluster, node)[0]["spec"]["pool"]["generation"] == gen3
     finally:
         pub.stop()

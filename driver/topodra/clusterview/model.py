@@ -29,8 +29,8 @@ from typing import Any
 from topodra import DEFAULT_DRIVER_NAME
 
 # The fleet state and measure (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``:
-# the ``--png`` worker and the renderers need only the dataclasses here, and a fork that happens before
-# those imports leaves them to the process that builds the view. ``fleet.pools``, ``allocations``,
+# the renderers and the ``--watch --png`` worker need only the dataclasses here, and a fork that happens
+# before those imports leaves them to the process that builds the view. ``fleet.pools``, ``allocations``,
 # ``taints`` and ``nodes`` import nothing heavy.
 from topodra.fleet.allocations import holders
 from topodra.fleet.nodes import why_unschedulable

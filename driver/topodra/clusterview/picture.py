@@ -13,7 +13,6 @@ centre landed in the image, so a test can read the pixels back.
 
 from __future__ import annotations
 
-import gc
 import textwrap
 from collections import Counter
 from dataclasses import dataclass
@@ -128,11 +127,7 @@ def title_lines(view: ClusterView) -> list[str]:
 
 
 def preload() -> None:
-    """Import what ``render_png`` needs (most of a first render's time), e.g. in a worker started early."""
-    # The import creates ~10^5 objects that all stay: cyclic collections meanwhile free nothing and cost ~10%
-    # of the import's CPU time (0.05 s here), so they wait until it is done.
-    enabled = gc.isenabled()
-    gc.disable()
+    """Import what ``render_png`` needs (most of a first render's time), e.g. in the ``--watch`` worker."""
     try:  # the object API without pyplot: no global figure state, no GUI backend, fewer imports
         import matplotlib.backends.backend_agg
         import matplotlib.collections
@@ -140,9 +135,6 @@ def preload() -> None:
         import matplotlib.patches  # noqa: F401
     except ImportError:
         raise RuntimeError("--png needs matplotlib: pip install 'topodra[png]'") from None
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:

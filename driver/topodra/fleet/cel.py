@@ -16,6 +16,25 @@ that selector, which can only make the scorer's prediction too generous, never v
 Evaluation follows the DRA CEL environment where it matters: an absent attribute or capacity
 makes a comparison false (the scheduler treats the runtime error as "no match"), a quantity
 compares by value, a version by its major/minor/patch.
+
+Why hand-written and not a CEL library: the scorer evaluates every claim selector on every device
+of every candidate node in each ``prioritize`` call, so the per-device cost is the budget. Measured
+with ``bench/run cel_engines`` (enterprise-400: 50 nodes, 800 devices; process CPU time per
+evaluation on a 2-core machine at load 9-14, 2026-12-01), all engines giving the same answer on
+every (selector, device) pair:
+
+* this module: 1.1-2.9 us per evaluation;
+* ``common-expression-language`` 0.10.0 (Rust bindings) behind this interface, the device converted
+  to a CEL map per evaluation: 74-88 us (about 50x); with one prebuilt ``cel.Context`` per device,
+  reused across selectors (the best the library allows; it has no quantity or semver type, so
+  ``compareTo`` runs as a Python callback on tagged strings): 9-15 us (about 6x);
+* ``cel-python`` 0.5.0: 430-960 us (timed per selector only).
+
+A ``prioritize`` call for a pod whose claim carries two selectors took 3.5 ms CPU at p50 (9.4 ms
+p99) with this module, 130 ms (209 ms) with the library per evaluation and 17 ms (25 ms) with
+cached contexts, against the scorer's 5 ms p99 target at 50 nodes. What a library would add,
+selectors outside the subset (``||``, ``!``, string functions), is worth less than that: such a
+selector is ignored, which only makes the prediction more generous (the scheduler still filters).
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""Reconcile logic against an in-memory API, status building and leader election (the official library's)."""
+"""Reconcile logic against an in-memory API and status building (the Lease loop: tests/unit/controller/)."""
 
 from __future__ import annotations
 
 import builtins
 import copy
 import itertools
-import types
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubernetes.leaderelection import electionconfig, leaderelection
 
-from topodra.apipaths import device_class_path, lease_path, profile_path, slices_path, template_path
+from topodra.apipaths import device_class_path, profile_path, slices_path, template_path
 from topodra.classcatalog import catalog, to_device_class
-from topodra.controller.leader import KubeLeaseLock, lease_object, record_from_lease, record_time, wire_time
 from topodra.controller.operator import (
     ControllerConfig,
     Outcome,
@@ -268,98 +265,6 @@ def test_transient_api_errors_propagate_for_retry(kube: FakeKube) -> None:
     kube.create = boom  # type: ignore[method-assign]
     with pytest.raises(KubeError):
         reconcile(kube, body, CFG)  # type: ignore[arg-type]
-
-
-# --- leader election: kubernetes.leaderelection driving our Kube-backed Lease lock ---------------
-
-def test_record_times_round_trip() -> None:
-    wire = "2026-01-01T12:00:00.123456Z"
-    assert wire_time(record_time(wire)) == wire
-    local = str(datetime(2026, 1, 1, 12, 0, 0))  # what the library writes: naive local, no microseconds here
-    assert record_time(wire_time(local)) == local
-
-
-def test_lease_object_counts_holder_changes() -> None:
-    rec = types.SimpleNamespace(holder_identity="me", lease_duration="15", acquire_time="2026-01-01 12:00:00",
-                                renew_time="2026-01-01 12:00:01.5")
-    created = lease_object("ns", "l", rec, None)
-    assert created["spec"]["leaseTransitions"] == 0
-    assert (created["spec"]["holderIdentity"], created["spec"]["leaseDurationSeconds"]) == ("me", 15)
-    assert created["spec"]["renewTime"] == wire_time("2026-01-01 12:00:01.5")
-    held = {"metadata": {"resourceVersion": "7"}, "spec": {"holderIdentity": "other", "leaseTransitions": 2}}
-    taken = lease_object("ns", "l", rec, held)
-    assert taken["spec"]["leaseTransitions"] == 3 and taken["metadata"]["resourceVersion"] == "7"
-    renewed = lease_object("ns", "l", rec, {"metadata": {"resourceVersion": "8"}, "spec": taken["spec"]})
-    assert renewed["spec"]["leaseTransitions"] == 3
-    released = record_from_lease({"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}})
-    assert released.holder_identity is None  # the library acquires a released Lease at once
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Drive the library's wall clock (it reads time.time() for expiry)."""
-    now = [1_800_000_000.0]
-    monkeypatch.setattr(leaderelection, "time", types.SimpleNamespace(time=lambda: now[0], sleep=lambda _s: None))
-    return now
-
-
-def candidate(kube: FakeKube, identity: str) -> tuple[Any, KubeLeaseLock]:
-    lock = KubeLeaseLock(kube, "ns", "ctl", identity)  # type: ignore[arg-type]
-    cfg = electionconfig.Config(lock, lease_duration=15, renew_deadline=10, retry_period=2,
-                                onstarted_leading=lambda: None, onstopped_leading=lambda: None)
-    return leaderelection.LeaderElection(cfg), lock
-
-
-def holder(kube: FakeKube) -> str:
-    return str(kube.objs[lease_path("ns", "ctl")]["spec"]["holderIdentity"])
-
-
-def test_one_leader_and_takeover_after_expiry(clock: list[float]) -> None:
-    kube = FakeKube()
-    a, _ = candidate(kube, "a")
-    b, _ = candidate(kube, "b")
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
-    clock[0] += 10
-    assert a.try_acquire_or_renew()  # renewal changes renewTime: b restarts its expiry timer
-    assert not b.try_acquire_or_renew()
-    clock[0] += 10
-    assert not b.try_acquire_or_renew()  # only 10 s since b saw a change
-    clock[0] += 6
-    assert b.try_acquire_or_renew()  # a stopped renewing 16 s ago
-    assert holder(kube) == "b"
-    assert kube.objs[lease_path("ns", "ctl")]["spec"]["leaseTransitions"] == 1
-    assert not a.try_acquire_or_renew()  # a sees b's record as new: it waits
-    assert holder(kube) == "b"
-
-
-def test_concurrent_writers_conflict_instead_of_both_winning(clock: list[float]) -> None:
-    kube = FakeKube()
-    a, lock_a = candidate(kube, "a")
-    b, _ = candidate(kube, "b")
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()  # b starts watching a's record
-    clock[0] += 20
-    assert lock_a.get("ctl", "ns")[0]  # a reads the lease, then b writes before a does
-    assert b.try_acquire_or_renew()  # b takes the expired lease
-    stale = kube.objs[lease_path("ns", "ctl")]["metadata"]["resourceVersion"]
-    assert not lock_a.update("ctl", "ns", types.SimpleNamespace(
-        holder_identity="a", lease_duration="15", acquire_time=str(datetime.now()), renew_time=str(datetime.now())))
-    assert holder(kube) == "b" and kube.objs[lease_path("ns", "ctl")]["metadata"]["resourceVersion"] == stale
-
-
-def test_release_hands_over_at_once_and_stops_renewal(clock: list[float]) -> None:
-    kube = FakeKube()
-    a, lock_a = candidate(kube, "a")
-    b, _ = candidate(kube, "b")
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
-    lock_a.release()
-    assert not a.try_acquire_or_renew()  # the library's renew thread cannot take a released lease back
-    assert b.try_acquire_or_renew()  # no wait for the lease duration
-    assert holder(kube) == "b"
-    lock_a.release()  # releasing a lease held by another replica changes nothing
-    assert holder(kube) == "b"
 
 
 def test_fake_kube_honours_selectors() -> None:

@@ -1,0 +1,1 @@
+"""bench/run cel_engines: the scorer's CEL evaluator against CEL libraries (bench/README.md)."""
