@@ -22,7 +22,7 @@ STEPS: list[tuple[str, str]] = [
      "topodra.pb.drahealth.v1.api_pb2, topodra.pb.drahealth.v1alpha1.api_pb2, topodra.pb.grpchealth.v1.health_pb2"),
     ("prometheus_client", "import prometheus_client"),
     ("urllib3 (topodra.kube's light transport)", "import urllib3"),
-    ("topodra plugin modules", "import topodra.plugin.main, topodra.plugin.server, topodra.plugin.health, "
+    ("topodra plugin modules", "import topodra.plugin.main, topodra.plugin.server, topodra.plugin.probes, "
      "topodra.kube, topodra.publisher, topodra.hardware, topodra.state"),
     # Not loaded by the plugin any more (only for exec/auth-provider kubeconfigs): shown for comparison.
     ("+ kubernetes official client (fallback only)",

@@ -174,7 +174,7 @@ class Env:
 
     lc: localcluster.Cluster
     kube: Kube
-    inv: pm.Inventory
+    inv: pm.NodeCapacity
     node_selector: dict[str, str]
     policy: str | None = None
     scorer: subprocess.Popen[bytes] | None = None
@@ -290,7 +290,7 @@ def wait_untainted(kube: Kube, names: Sequence[str], timeout: float = 600) -> No
         time.sleep(1)
 
 
-def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.Inventory:
+def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.NodeCapacity:
     slices = list(kube.list(f"{RES}/resourceslices", field_selector=f"spec.driver={pm.DRIVER}"))
     return pm.inventory_from_slices(slices, node_su, matches)
 

@@ -297,7 +297,7 @@ class Gpu:
 
 
 @dataclass
-class Inventory:
+class NodeCapacity:
     """The GPUs of the benchmark's nodes (from their ResourceSlices) and what each class accepts."""
 
     gpus: dict[tuple[str, str], Gpu]
@@ -326,7 +326,7 @@ NIC_BUSBW_GBS = {400: 48.0, 200: 24.0}  # NCCL busbw per NDR / HDR NIC (placemen
 
 
 def inventory_from_slices(slices: Iterable[Mapping[str, Any]], node_su: Mapping[str, str],
-                          class_matches: Mapping[str, Any]) -> Inventory:
+                          class_matches: Mapping[str, Any]) -> NodeCapacity:
     """GPUs of the nodes in ``node_su`` from their slices; ``class_matches``: class -> DeviceMatch."""
     gpus: dict[tuple[str, str], Gpu] = {}
     nic_rate: dict[str, int] = {}
@@ -353,7 +353,7 @@ def inventory_from_slices(slices: Iterable[Mapping[str, Any]], node_su: Mapping[
     missing = sorted(set(node_su) - {g.node for g in gpus.values()})
     if missing:
         raise ValueError(f"no GPUs published for nodes {missing[:5]}")
-    return Inventory(gpus=gpus, su=dict(node_su), accepts={c: frozenset(m) for c, m in accepts.items()},
+    return NodeCapacity(gpus=gpus, su=dict(node_su), accepts={c: frozenset(m) for c, m in accepts.items()},
                      busbw_nic={n: NIC_BUSBW_GBS.get(nic_rate.get(n, 0), 0.0) for n in node_su})
 
 
@@ -474,7 +474,7 @@ class VirtualClock:
 # --------------------------------------------------------------------------- metrics
 
 
-def acceptable_models(job: Job, policy: str, inv: Inventory) -> frozenset[str]:
+def acceptable_models(job: Job, policy: str, inv: NodeCapacity) -> frozenset[str]:
     """Models the scheduler may give the job under the policy (count-only accepts any GPU)."""
     if policy == "a":
         return frozenset(g.model for g in inv.gpus.values())
@@ -482,12 +482,12 @@ def acceptable_models(job: Job, policy: str, inv: Inventory) -> frozenset[str]:
     return frozenset().union(*(inv.accepts.get(c, frozenset()) for c in classes))
 
 
-def listed_models(job: Job, inv: Inventory) -> frozenset[str]:
+def listed_models(job: Job, inv: NodeCapacity) -> frozenset[str]:
     """Models the job listed (its whole preference list): anything else is a type violation."""
     return frozenset().union(*(inv.accepts.get(c, frozenset()) for c in job.classes))
 
 
-def free_by_node(inv: Inventory, used: set[tuple[str, str]]) -> dict[str, int]:
+def free_by_node(inv: NodeCapacity, used: set[tuple[str, str]]) -> dict[str, int]:
     out = {n: 0 for n in inv.su}
     for key, g in inv.gpus.items():
         if key not in used:
@@ -495,7 +495,7 @@ def free_by_node(inv: Inventory, used: set[tuple[str, str]]) -> dict[str, int]:
     return out
 
 
-def stranded_gpus(inv: Inventory, free: Mapping[str, int], waiting: Sequence[Job], policy: str) -> int:
+def stranded_gpus(inv: NodeCapacity, free: Mapping[str, int], waiting: Sequence[Job], policy: str) -> int:
     """Free GPUs on nodes where no waiting job's pod fits (type and count); 0 when nobody waits."""
     if not waiting:
         return 0
@@ -515,7 +515,7 @@ def job_classes(jobs: Sequence[Job]) -> dict[tuple[str, int], float]:
     return {k: v / total for k, v in c.items()}
 
 
-def fgd_fragmentation(inv: Inventory, free: Mapping[str, int], mix: Mapping[tuple[str, int], float],
+def fgd_fragmentation(inv: NodeCapacity, free: Mapping[str, int], mix: Mapping[tuple[str, int], float],
                       policy: str) -> float:
     """FGD's cluster fragmentation for whole-GPU tasks: sum over nodes and task classes m of
     p_m * (free GPUs of the node if m cannot run there, else 0) (Weng et al., ATC'23)."""
@@ -544,7 +544,7 @@ def intra_busbw(model: str) -> float:
     raise ValueError(f"no bandwidth figure for GPU model {model!r}")
 
 
-def job_busbw(inv: Inventory, placements: Sequence[Placement]) -> float:
+def job_busbw(inv: NodeCapacity, placements: Sequence[Placement]) -> float:
     """busbw of a placed job: intra-node figure on one node, else min(intra, k * B_nic * 0.9)
     (k GPUs per node), times CROSS_SU_FACTOR when its pods are not rail-aligned in one unit."""
     models = [inv.gpus[(p.node, d)].model for p in placements for d in p.devices]
@@ -555,7 +555,7 @@ def job_busbw(inv: Inventory, placements: Sequence[Placement]) -> float:
     return bw if rail_aligned(inv, placements) else bw * CROSS_SU_FACTOR
 
 
-def ideal_busbw(job: Job, inv: Inventory, nodes_per_job: int) -> float:
+def ideal_busbw(job: Job, inv: NodeCapacity, nodes_per_job: int) -> float:
     """The job's best case: its fastest listed model, placed in one NVSwitch domain / one unit."""
     best = max((intra_busbw(m) for m in listed_models(job, inv)), default=0.0)
     if nodes_per_job == 1:
@@ -564,7 +564,7 @@ def ideal_busbw(job: Job, inv: Inventory, nodes_per_job: int) -> float:
     return min(best, job.per_pod * nic * 0.9)
 
 
-def slowdown(job: Job, inv: Inventory, placements: Sequence[Placement]) -> float:
+def slowdown(job: Job, inv: NodeCapacity, placements: Sequence[Placement]) -> float:
     """1 + f * (busbw_ideal / busbw - 1); single-GPU jobs do not communicate."""
     if job.gpus == 1:
         return 1.0
@@ -572,7 +572,7 @@ def slowdown(job: Job, inv: Inventory, placements: Sequence[Placement]) -> float
     return 1.0 + COMM_SHARE * max(ideal / job_busbw(inv, placements) - 1.0, 0.0)
 
 
-def rail_aligned(inv: Inventory, placements: Sequence[Placement]) -> bool:
+def rail_aligned(inv: NodeCapacity, placements: Sequence[Placement]) -> bool:
     """A multi-node job is rail-aligned when its pods share a scalable unit and a rail set."""
     if len({inv.su[p.node] for p in placements}) > 1:
         return False
@@ -580,7 +580,7 @@ def rail_aligned(inv: Inventory, placements: Sequence[Placement]) -> bool:
     return all(r == rails[0] for r in rails)
 
 
-def nvlink_local(inv: Inventory, placement: Placement) -> bool:
+def nvlink_local(inv: NodeCapacity, placement: Placement) -> bool:
     return len({inv.gpus[(placement.node, d)].nvlink for d in placement.devices}) == 1
 
 
@@ -592,7 +592,7 @@ def subrequest_rank(job: Job, placements: Sequence[Placement]) -> int | None:
     return max(ranks) if ranks and len(ranks) == len(placements) else None
 
 
-def choice_rank(job: Job, inv: Inventory, placements: Sequence[Placement]) -> int | None:
+def choice_rank(job: Job, inv: NodeCapacity, placements: Sequence[Placement]) -> int | None:
     """0 for the first listed type, 1 for the second ...; None when a GPU is of no listed type."""
     worst = 0
     for p in placements:
@@ -619,7 +619,7 @@ class Snapshot:
     free_per_node: dict[str, int]
 
 
-def snapshot(t: float, inv: Inventory, used: set[tuple[str, str]], clock: VirtualClock,
+def snapshot(t: float, inv: NodeCapacity, used: set[tuple[str, str]], clock: VirtualClock,
              mix: Mapping[tuple[str, int], float], policy: str) -> Snapshot:
     free = free_by_node(inv, used)
     waiting = clock.waiting()
@@ -652,7 +652,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: Inventory) -> dict[str, Any]:
+def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacity) -> dict[str, Any]:
     """Everything one run reports, integrated over the arrival window [first, last arrival]."""
     states = list(clock.states.values())
     t0 = min(s.job.arrival for s in states)

@@ -220,7 +220,7 @@ def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices:
         t0 = time.monotonic()
         create_workload(kube, ns, sizes, claim_specs(scenario))
         log(f"{len(sizes)} claims + pods created in {time.monotonic() - t0:.0f}s (scheduler stopped)")
-        env = Env(lc=lc, kube=kube, inv=pm.Inventory({}, {}, {}, {}), node_selector={})
+        env = Env(lc=lc, kube=kube, inv=pm.NodeCapacity({}, {}, {}, {}), node_selector={})
         extender = env.start_scorer() if scorer else None
         scorer0 = env.scorer_metrics()
         t_start = time.monotonic()

@@ -294,7 +294,7 @@ def app_layer(base: Path, work: Path) -> Path:
         sh(*pip, "--require-hashes", "--no-deps", "-r", f"/tmp/wheels/{PY_LOCK.name}", env=env)
         sh(*pip, "--no-deps", f"/tmp/wheels/{whl.name}", env=env)
         # Check the environment is complete and consistent, then compile it reproducibly.
-        sh("chroot", str(merged), py, "-c", "import topodra.cli, topodra.plugin.health, topodra.controller.main",
+        sh("chroot", str(merged), py, "-c", "import topodra.cli, topodra.plugin.probes, topodra.controller.main",
            env=env)
         sh("chroot", str(merged), py, "-m", "compileall", "-q", "-j1", "--invalidation-mode", "unchecked-hash",
            f"{VENV}/lib", env=env)

@@ -86,7 +86,7 @@ def test_content_list_matches_the_locks(image: Path) -> None:
 def test_the_image_runs_topodra_as_root_the_controller_uid_and_an_unknown_uid(rootfs: Path, uid: int) -> None:
     """4242 has no passwd entry in the image either (the controller copes: test_install_controller_uid)."""
     env = {"PATH": "/opt/topodra/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
-    script = ("import getpass, topodra.cli, topodra.plugin.health, topodra.controller.main, kopf, grpc;"
+    script = ("import getpass, topodra.cli, topodra.plugin.probes, topodra.controller.main, kopf, grpc;"
               "topodra.controller.main.ensure_login_name(); print(getpass.getuser())")
     r = subprocess.run(["chroot", f"--userspec={uid}:{uid}", str(rootfs), "python", "-c", script],
                        capture_output=True, text=True, env=env, timeout=120, check=False)

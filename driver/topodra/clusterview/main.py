@@ -58,7 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"claims the prior counts as (default {DEFAULT_PRIOR_WEIGHT:g}, as the scorer)")
 
 
-class Inventory:
+class InventoryReader:
     """One kubeconfig, driver and mix: ``load()`` reads the cluster and builds the view."""
 
     def __init__(self, kube: Kube, args: argparse.Namespace) -> None:
@@ -140,14 +140,14 @@ class WatchPngWriter(PngWriter):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def once(inv: Inventory, args: argparse.Namespace, out: TextIO, png: PngWriter | None = None) -> None:
+def once(inv: InventoryReader, args: argparse.Namespace, out: TextIO, png: PngWriter | None = None) -> None:
     view = inv.load()
     if png is not None:
         png.write(view, args.png)
     emit(view, args.output, out)
 
 
-def serve(inv: Inventory, listen: str, interval: float, stop: threading.Event) -> int:
+def serve(inv: InventoryReader, listen: str, interval: float, stop: threading.Event) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from topodra.clusterview.exporter import InventoryCollector
@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, png: PngWriter | None)
     from topodra.kube import Kube, KubeError
 
     try:
-        inv = Inventory(Kube.from_kubeconfig(args.kubeconfig), args)
+        inv = InventoryReader(Kube.from_kubeconfig(args.kubeconfig), args)
     except (ValueError, KubeError, OSError) as e:
         log.error("%s", e)
         return 2

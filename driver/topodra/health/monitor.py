@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from topodra.devices import Device
-from topodra.health.policy import DEFAULT_HOLD_SECONDS, DeviceState, DeviceTaint, HealthPolicy, Observation
+from topodra.health.policy import DEFAULT_HOLD_SECONDS, DeviceHealth, DeviceTaint, HealthPolicy, Observation
 from topodra.health.sources import mig_parents, nvlink_domains
 from topodra.inventory import Inventory
 
@@ -39,7 +39,7 @@ SourceFactory = Callable[[tuple[Device, ...]], HealthSource]
 @dataclass(frozen=True)
 class HealthSnapshot:
     taints: Mapping[str, tuple[DeviceTaint, ...]] = field(default_factory=dict)
-    states: Mapping[str, DeviceState] = field(default_factory=dict)
+    states: Mapping[str, DeviceHealth] = field(default_factory=dict)
 
 
 Subscriber = Callable[[HealthSnapshot], None]

@@ -234,7 +234,7 @@ class _Active:
 
 
 @dataclass(frozen=True)
-class DeviceState:
+class DeviceHealth:
     """What the kubelet is told about one device."""
 
     unhealthy: bool
@@ -336,7 +336,7 @@ class HealthPolicy:
         return {d: tuple(sorted(ts, key=lambda t: (order[t.effect], t.key))[:MAX_TAINTS_PER_DEVICE])
                 for d, ts in out.items()}
 
-    def states(self, devices: Iterable[str]) -> dict[str, DeviceState]:
+    def states(self, devices: Iterable[str]) -> dict[str, DeviceHealth]:
         """Per device: unhealthy iff a NoSchedule/NoExecute condition is active; the message lists them all."""
         by_device: dict[str, list[_Active]] = {}
         for (device, _, _), a in sorted(self._active.items()):
@@ -345,6 +345,6 @@ class HealthPolicy:
         for d in devices:
             active = by_device.get(d, [])
             unhealthy = any(a.condition.effect in BLOCKING for a in active)
-            out[d] = DeviceState(unhealthy, "; ".join(
+            out[d] = DeviceHealth(unhealthy, "; ".join(
                 f"{a.condition.message} [{a.condition.effect}]" for a in active))
         return out

@@ -9,7 +9,7 @@ and the health monitor (``DeviceHealthBoard.health_changed``): a device is
 UNHEALTHY exactly while it has a NoSchedule/NoExecute taint, so the kubelet's
 ``allocatedResourcesStatus`` and the ResourceSlice taints tell the same story.
 
-The plugin process's own liveness for probes is ``topodra.plugin.health``.
+The plugin process's own liveness for probes is ``topodra.plugin.probes``.
 """
 
 from __future__ import annotations

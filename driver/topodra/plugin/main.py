@@ -118,8 +118,8 @@ class Plugin:
         from topodra.plugin import metrics
         from topodra.plugin.cleanup import CleanupLoop
         from topodra.plugin.device_health import DeviceHealthBoard
-        from topodra.plugin.health import ProbeServer, all_of, answers
         from topodra.plugin.nodelabel import NodeLabeler
+        from topodra.plugin.probes import ProbeServer, all_of, answers
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
         from topodra.sharing.instances import MigInstances

@@ -162,7 +162,7 @@ def fake_slices(nodes: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def inventory(nodes: dict[str, str], su: dict[str, str] | None = None) -> pm.Inventory:
+def inventory(nodes: dict[str, str], su: dict[str, str] | None = None) -> pm.NodeCapacity:
     matches = {s.name: s.match for s in catalog()}
     return pm.inventory_from_slices(fake_slices(nodes), su or dict.fromkeys(nodes, "su1"), matches)
 

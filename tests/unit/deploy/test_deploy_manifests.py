@@ -56,7 +56,7 @@ def test_daemonset_matches_the_plugin_code() -> None:
     # The exec probe runs a module that exists, against the port the plugin listens on.
     for probe in ("livenessProbe", "startupProbe"):
         cmd = c[probe]["exec"]["command"]
-        assert cmd[:3] == ["python", "-m", "topodra.plugin.health"]
+        assert cmd[:3] == ["python", "-m", "topodra.plugin.probes"]
         assert cmd[cmd.index("--port") + 1] == str(cfg.health_port)
     r = subprocess.run([sys.executable, *cmd[1:3], "--help"], capture_output=True, text=True, check=False)
     assert r.returncode == 0 and "--port" in r.stdout, r.stderr

@@ -38,9 +38,9 @@ from topodra.health.policy import (
 from topodra.health.sources import NodeHealthSource
 from topodra.inventory import Inventory
 from topodra.pb.grpchealth.v1 import health_pb2
-from topodra.plugin import health
+from topodra.plugin import probes
 from topodra.plugin.device_health import DeviceHealthBoard
-from topodra.plugin.health import ProbeServer, all_of, answers
+from topodra.plugin.probes import ProbeServer, all_of, answers
 from topodra.plugin.server import PluginServer
 from topodra.slices import MAX_DEVICES_PER_SLICE_ADVANCED, build_slices, same_content
 
@@ -413,7 +413,7 @@ def test_readiness_calls_our_own_sockets(short_dir: Path) -> None:
     probe.start()
     try:
         assert answers(server.dra_socket, server.registration_socket) is None
-        assert health.probe(probe.port) == health_pb2.HealthCheckResponse.SERVING
+        assert probes.probe(probe.port) == health_pb2.HealthCheckResponse.SERVING
     finally:
         probe.stop()
         server.stop(grace=0)

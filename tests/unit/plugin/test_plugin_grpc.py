@@ -34,10 +34,10 @@ from topodra.claims import ClaimRef, FetchedClaim, UnavailableClaim
 from topodra.devices import Device
 from topodra.inventory import Inventory
 from topodra.pb.grpchealth.v1 import health_pb2, health_pb2_grpc
-from topodra.plugin import config, health, metrics
+from topodra.plugin import config, metrics, probes
 from topodra.plugin.config import ConfigError
 from topodra.plugin.device_health import DeviceHealthBoard, Health
-from topodra.plugin.health import ProbeServer
+from topodra.plugin.probes import ProbeServer
 from topodra.plugin.registration import (
     MAX_SOCKET_PATH,
     SocketPathError,
@@ -516,13 +516,13 @@ def test_probe_service_follows_plugin_health(short_dir: Path) -> None:
     probe.start()
     try:
         serving = health_pb2.HealthCheckResponse.SERVING
-        assert health.probe(probe.port) == serving
-        assert health.probe(probe.port, health.PLUGIN_SERVICE) == serving
-        assert health.main(["--port", str(probe.port)]) == 0
-        assert health.probe(probe.port, "no.such.Service") == health_pb2.HealthCheckResponse.UNKNOWN
+        assert probes.probe(probe.port) == serving
+        assert probes.probe(probe.port, probes.PLUGIN_SERVICE) == serving
+        assert probes.main(["--port", str(probe.port)]) == 0
+        assert probes.probe(probe.port, "no.such.Service") == health_pb2.HealthCheckResponse.UNKNOWN
         p.server.dra_socket.unlink()  # the kubelet can no longer reach us: restart wanted
-        assert health.probe(probe.port) == health_pb2.HealthCheckResponse.NOT_SERVING
-        assert health.main(["--port", str(probe.port)]) == 1
+        assert probes.probe(probe.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert probes.main(["--port", str(probe.port)]) == 1
     finally:
         probe.stop()
         p.server.stop(grace=0)
@@ -696,7 +696,7 @@ def test_kubelet_plugin_process_serves_and_cleans_up_on_sigterm(short_dir: Path)
             stream.cancel()
         assert {(NODE, f"gpu-{i}") for i in range(8)} <= set(devices)
         assert set(devices.values()) == {1}
-        wait_until(lambda: health.probe(health_port, timeout=1) == health_pb2.HealthCheckResponse.SERVING,
+        wait_until(lambda: probes.probe(health_port, timeout=1) == health_pb2.HealthCheckResponse.SERVING,
                    30, "SERVING", proc)
         vm_rss_before = vm_rss(proc.pid)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:

@@ -1,7 +1,7 @@
 """The plugin process's health for liveness/readiness probes: ``grpc.health.v1.Health``.
 
 Served on 127.0.0.1 only. Because a kubelet gRPC probe dials the pod IP, the
-probes are exec probes (``python -m topodra.plugin.health --port N``, ``main``
+probes are exec probes (``python -m topodra.plugin.probes --port N``, ``main``
 below) against it.  (Device health for the kubelet is ``topodra.plugin.device_health``.)
 
 Readiness means "the kubelet could use us now": ``answers`` calls our own
@@ -156,7 +156,7 @@ def probe(port: int, service: str = "", timeout: float = 2.0) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Exec-probe entry point: exit 0 only when the plugin reports SERVING."""
-    parser = argparse.ArgumentParser(prog="python -m topodra.plugin.health", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m topodra.plugin.probes", description=main.__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--service", default="")
     parser.add_argument("--timeout", type=float, default=2.0)
