@@ -141,6 +141,7 @@ def main() -> int:
         env = dict(line.split("=", 1) for line in kubectl(lc, "logs", "-n", NS, name).splitlines() if "=" in line)
         print(f"  pod {name:16s} allocated {', '.join(devices)}")
         print(f"      TOPODRA_VISIBLE_DEVICES={env.get('TOPODRA_VISIBLE_DEVICES', '?')}")
+        print(f"      TOPODRA_VISIBLE_UUIDS={env.get('TOPODRA_VISIBLE_UUIDS', '?')}")
         print(f"      NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', '?')}")
         kubectl(lc, "delete", "pod", name, "-n", NS, "--wait=true")
 

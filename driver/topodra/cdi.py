@@ -8,8 +8,12 @@ directories at container creation.  We write one transient spec per claim
 unique per claim and a spec can be dropped as a whole on unprepare.
 
 Spec-level edits (applied once when any device of the claim is injected):
-``TOPODRA_VISIBLE_DEVICES`` (device names) and ``NVIDIA_VISIBLE_DEVICES``
-(GPU UUIDs) list every device of the claim.  Per-device edits carry
+``TOPODRA_VISIBLE_DEVICES`` (device names) and ``TOPODRA_VISIBLE_UUIDS``
+(GPU/MIG UUIDs) list every device of the claim; ``NVIDIA_VISIBLE_DEVICES=void``
+when it has GPUs, as the toolkit's own specs set it: a UUID list there would make
+the ``nvidia`` runtime (jit-cdi) inject every GPU of the claim into every
+container.  On a real host (``hostdriver.HostDriver``) the driver's control
+nodes and libraries go in too.  Per-device edits carry
 ``TOPODRA_DEVICE_<NAME>_*`` variables, the device's own env and its device
 nodes; those stay exact even when a container uses only some requests of a
 claim.  When the NVIDIA Container Toolkit has generated its own CDI spec
@@ -36,6 +40,7 @@ import yaml
 
 from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.devices import Device
+from topodra.hostdriver import HostDriver, HostDriverError
 from topodra.sharing.memory import limit_env
 
 log = logging.getLogger(__name__)
@@ -126,12 +131,22 @@ def _device_env(sd: SpecDevice, claim_uid: str) -> list[str]:
     return env
 
 
+def _node_edits(d: Device, host: HostDriver | None) -> list[dict[str, Any]]:
+    if host is None:  # mock hardware: paths only (it has no nodes but tests' NICs)
+        return [{"path": p} for p in d.device_nodes]
+    try:
+        return [host.node(p, d.device_node_modes.get(p)) for p in d.device_nodes]
+    except HostDriverError as e:
+        raise CDISpecInvalid(f"device {d.name}: {e}") from e
+
+
 def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], claim_env: Sequence[str] = (),
-               claim_mounts: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+               claim_mounts: Sequence[tuple[str, str]] = (), host: HostDriver | None = None) -> dict[str, Any]:
     """The CDI spec for one claim (pure). ``cdiVersion`` is the lowest that supports what is used.
 
     ``claim_env`` / ``claim_mounts`` ((host path, container path), bind-mounted read-write): spec-level
-    edits for what belongs to the claim as a whole (its MPS daemon's directories).
+    edits for what belongs to the claim as a whole (its MPS daemon's directories).  ``host``: the node's
+    NVIDIA driver (None on mock hardware); a claim with GPUs then gets its control nodes and libraries.
     """
     if not devices:
         raise CDISpecInvalid(f"claim {claim_uid}: a CDI spec needs at least one device")
@@ -146,15 +161,20 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], 
                 uuids.append(d.uuid)
         edits: dict[str, Any] = {"env": _device_env(sd, claim_uid)}
         if d.device_nodes:
-            edits["deviceNodes"] = [{"path": p} for p in d.device_nodes]
+            edits["deviceNodes"] = _node_edits(d, host)
         cdi_devices.append({"name": device_name(claim_uid, d.name, sd.share_id), "containerEdits": edits})
     spec_env = [f"TOPODRA_VISIBLE_DEVICES={','.join(names)}"]
     if uuids:
-        spec_env.append(f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}")
+        spec_env += [f"TOPODRA_VISIBLE_UUIDS={','.join(uuids)}", "NVIDIA_VISIBLE_DEVICES=void"]
     spec_edits: dict[str, Any] = {"env": [*spec_env, *claim_env]}
-    if claim_mounts:
-        spec_edits["mounts"] = [{"hostPath": h, "containerPath": c, "options": ["rbind", "rw"]}
-                                for h, c in claim_mounts]
+    mounts = [{"hostPath": h, "containerPath": c, "options": ["rbind", "rw"]} for h, c in claim_mounts]
+    if host is not None and uuids:
+        nodes = host.control_nodes()
+        if nodes:
+            spec_edits["deviceNodes"] = nodes
+        mounts += host.mounts()
+    if mounts:
+        spec_edits["mounts"] = mounts
     spec: dict[str, Any] = {
         "cdiVersion": BASE_VERSION,
         "kind": kind(driver_name),
@@ -166,9 +186,9 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], 
 
 
 def valid_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], claim_env: Sequence[str] = (),
-               claim_mounts: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+               claim_mounts: Sequence[tuple[str, str]] = (), host: HostDriver | None = None) -> dict[str, Any]:
     """``build_spec`` checked by ``validate_spec``: the one way prepare and recovery get a spec."""
-    spec = build_spec(driver_name, claim_uid, devices, claim_env, claim_mounts)
+    spec = build_spec(driver_name, claim_uid, devices, claim_env, claim_mounts, host)
     validate_spec(spec)
     return spec
 

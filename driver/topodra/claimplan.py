@@ -18,6 +18,7 @@ from topodra.checkpoint import PREPARE_COMPLETED, Access, CheckpointData, Checkp
 from topodra.claims import AllocatedClaim, ClaimError, ClaimRef, FetchedClaim, UnavailableClaim
 from topodra.devices import Device
 from topodra.effects.base import GpuEffect
+from topodra.hostdriver import HostDriver
 from topodra.sharing import timeslice
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def users_of(data: CheckpointData, names: set[str]) -> list[tuple[str, list[str]
 
 def plan_batch(claims: Sequence[FetchedClaim], data: CheckpointData, devices: Mapping[str, Device],
                nvidia_ids: Callable[[], Mapping[str, str]], effects: Sequence[GpuEffect], driver_name: str,
-               node: str, results: dict[str, PrepareResult]) -> tuple[list[Planned], list[ClaimEntry]]:
+               node: str, results: dict[str, PrepareResult], host: HostDriver | None = None,
+               ) -> tuple[list[Planned], list[ClaimEntry]]:
     """(the batch's new claims, planned; the prepared entries asked for again).  UID clashes, unavailable
     and refused claims are answered in ``results``; each claim is checked against those planned before it."""
     ids: Mapping[str, str] | None = None  # read only when a new claim needs them
@@ -99,7 +101,7 @@ def plan_batch(claims: Sequence[FetchedClaim], data: CheckpointData, devices: Ma
         else:
             try:
                 ids = nvidia_ids() if ids is None else ids
-                entry, spec = plan(c, working, devices, ids, effects, driver_name, node)
+                entry, spec = plan(c, working, devices, ids, effects, driver_name, node, host)
             except (ClaimError, cdi.CDISpecInvalid) as e:
                 refuse(results, c.ref, e, node)
                 continue
@@ -109,7 +111,8 @@ def plan_batch(claims: Sequence[FetchedClaim], data: CheckpointData, devices: Ma
 
 
 def plan(c: AllocatedClaim, working: CheckpointData, devices: Mapping[str, Device], nvidia_ids: Mapping[str, str],
-         effects: Sequence[GpuEffect], driver_name: str, node: str) -> tuple[ClaimEntry, dict[str, Any]]:
+         effects: Sequence[GpuEffect], driver_name: str, node: str,
+         host: HostDriver | None = None) -> tuple[ClaimEntry, dict[str, Any]]:
     """The claim's entry (``PrepareCompleted``: it is written only once its effects exist) and valid CDI
     spec; ``ClaimError``/``cdi.CDISpecInvalid`` refuse it.  ``working``: prepared claims plus those
     planned before it in the batch."""
@@ -139,11 +142,11 @@ def plan(c: AllocatedClaim, working: CheckpointData, devices: Mapping[str, Devic
             sharing=a.sharing))
     entry = ClaimEntry(uid=c.ref.uid, namespace=c.ref.namespace, name=c.ref.name, state=PREPARE_COMPLETED,
                        devices=entry_devices)
-    return entry, spec_for(entry, devices, effects, driver_name, node)
+    return entry, spec_for(entry, devices, effects, driver_name, node, host)
 
 
 def spec_for(entry: ClaimEntry, devices: Mapping[str, Device], effects: Sequence[GpuEffect], driver_name: str,
-             node: str) -> dict[str, Any]:
+             node: str, host: HostDriver | None = None) -> dict[str, Any]:
     """The claim's valid CDI spec from current device facts (device nodes may move on reboot) and what its
     entry records; ``ClaimError`` when a device is gone, ``cdi.CDISpecInvalid`` when the result breaks CDI."""
     sds = []
@@ -163,4 +166,4 @@ def spec_for(entry: ClaimEntry, devices: Mapping[str, Device], effects: Sequence
         more_env, more_mounts = effect.claim_edits(entry)
         env += more_env
         mounts += more_mounts
-    return cdi.valid_spec(driver_name, entry.uid, sds, env, mounts)
+    return cdi.valid_spec(driver_name, entry.uid, sds, env, mounts, host)

@@ -89,6 +89,8 @@ class Device(BaseModel):
     # Private, used only at prepare time.
     uuid: str = ""
     device_nodes: tuple[str, ...] = ()
+    # File mode of a node the host may lack (a MIG capability node), as the driver states it; see hostdriver.
+    device_node_modes: dict[str, int] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     # Discovery could not read this GPU (e.g. NVML_ERROR_GPU_IS_LOST): why.  It is published tainted
     # gpu-lost, so the node keeps its healthy GPUs and claims on this one can still be unprepared.

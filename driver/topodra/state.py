@@ -33,6 +33,7 @@ from topodra.crashpoints import CRASH_EXIT_CODE, CRASH_POINTS
 from topodra.devices import Device
 from topodra.effects import GpuEffect
 from topodra.filelock import FileLock, LockTimeout
+from topodra.hostdriver import HostDriver
 from topodra.inventory import Inventory
 from topodra.observe import NO_OBSERVER, Observer
 from topodra.recovery import RecoveryReport
@@ -64,12 +65,15 @@ class DeviceState:
                  crash_point: str | None = None, *,
                  nvidia_spec_dirs: Sequence[str | os.PathLike[str]] = cdi.DEFAULT_SPEC_DIRS,
                  quarantine_corrupt: bool = False, lock_timeout: float | None = 20.0,
-                 observer: Observer = NO_OBSERVER, gpu_effects: Sequence[GpuEffect] | None = None) -> None:
+                 observer: Observer = NO_OBSERVER, gpu_effects: Sequence[GpuEffect] | None = None,
+                 host_driver: HostDriver | None = None) -> None:
         """Load the checkpoint and recover; raises ``CheckpointCorrupt`` unless ``quarantine_corrupt``.
 
         ``gpu_effects``: the GPU side effects of a prepare, in apply order (default ``effects.standard``:
         no NVML access, so claims on MIG devices or with time-slice levels fail; MPS from PATH).
+        ``host_driver``: the node's NVIDIA driver files for containers (``hostdriver``; None on mock hardware).
         """
+        self.host_driver = host_driver
         self.effects = tuple(gpu_effects) if gpu_effects is not None else effects.standard(state_dir)
         self.driver_name = driver_name
         self.node_name = node_name
@@ -201,7 +205,7 @@ class DeviceState:
         crashpoints.reached(self.crash_point, point)
 
     def _spec_for(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> dict[str, Any]:
-        return claimplan.spec_for(entry, devices, self.effects, self.driver_name, self.node_name)
+        return claimplan.spec_for(entry, devices, self.effects, self.driver_name, self.node_name, self.host_driver)
 
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
@@ -221,7 +225,7 @@ class DeviceState:
         devices = self.inventory.by_name
         results: dict[str, PrepareResult] = {}
         fresh, repeats = claimplan.plan_batch(claims, data, devices, self._nvidia_ids, self.effects,
-                                              self.driver_name, self.node_name, results)
+                                              self.driver_name, self.node_name, results, self.host_driver)
         for entry in repeats:
             results[entry.uid] = self._answer_existing(entry, devices)
         if not fresh:

@@ -107,6 +107,8 @@ def test_nvml_renders_driver_root_and_host_sys() -> None:
     assert ds_vols[mounts["/driver-root"]["name"]]["hostPath"]["path"] == "/run/nvidia/driver"
     assert ds_vols[mounts["/host/sys"]["name"]]["hostPath"]["path"] == "/sys"
     assert "LD_LIBRARY_PATH" not in env_of(c)  # issue 19 finding 1: NVML is loaded by path from the driver root
+    assert env_of(c)["TOPODRA_NVIDIA_DRIVER_ROOT"]["value"] == "/driver-root"
+    assert env_of(c)["TOPODRA_NVIDIA_HOST_DRIVER_ROOT"]["value"] == "/run/nvidia/driver"  # CDI mount host paths
 
 
 def test_controller_args_parse_and_api_server_override() -> None:

@@ -40,7 +40,7 @@ def injected(log: str) -> dict[str, Any]:
             kinds[v] = kinds.get(v, 0) + 1
         if re.fullmatch(r"TOPODRA_DEVICE_.+_MODEL", k):
             models.add(v)
-    return {"visible": env.get("TOPODRA_VISIBLE_DEVICES", ""), "nvidia": env.get("NVIDIA_VISIBLE_DEVICES", ""),
+    return {"visible": env.get("TOPODRA_VISIBLE_DEVICES", ""), "nvidia": env.get("TOPODRA_VISIBLE_UUIDS", ""),
             "kinds": kinds, "models": models}
 
 

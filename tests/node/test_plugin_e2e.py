@@ -169,11 +169,11 @@ def test_two_gpu_pod_sees_its_allocation_and_unprepare_removes_spec(
     assert len(devs) == 2 and all(d.startswith("gpu-") for d in devs)
     env = env_of(nc.kubectl("logs", "-n", ns, "p"))
     assert sorted(env["TOPODRA_VISIBLE_DEVICES"].split(",")) == devs
-    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(uuids_of(nc, nc.node_name, devs))
+    assert sorted(env["TOPODRA_VISIBLE_UUIDS"].split(",")) == sorted(uuids_of(nc, nc.node_name, devs))
     for d in devs:
         frag = d.upper().replace("-", "_")
         assert env[f"TOPODRA_DEVICE_{frag}_MODEL"] == "H100-SXM5-80GB"
-        assert env[f"TOPODRA_DEVICE_{frag}_UUID"] in env["NVIDIA_VISIBLE_DEVICES"]
+        assert env[f"TOPODRA_DEVICE_{frag}_UUID"] in env["TOPODRA_VISIBLE_UUIDS"]
     spec = f"k8s.gpu.topodra.io-claim_{claim['metadata']['uid']}.json"
     # The kubelet unprepares a finished pod's claim: the CDI spec goes away.
     delete_pod(nc, ns, "p")
@@ -196,7 +196,7 @@ def test_two_pods_get_distinct_gpus(node_cluster: ClusterHandle, plugin: PluginP
 
     for name in ("a", "b"):
         out = wait_for(functools.partial(output, name), 30, "container output")
-        seen[name] = env_of(out)["NVIDIA_VISIBLE_DEVICES"]
+        seen[name] = env_of(out)["TOPODRA_VISIBLE_UUIDS"]
         assert [seen[name]] == uuids_of(nc, nc.node_name, allocated(pod_claim(nc, ns, name)))
     assert seen["a"] != seen["b"]
     for name in ("a", "b"):
@@ -209,11 +209,11 @@ def test_claim_shared_by_two_containers(node_cluster: ClusterHandle, plugin: Plu
     nc.kube.create(f"{R}/namespaces/{ns}/resourceclaims", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shared"},
         "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER}}]}}})
-    pod(nc, ns, "p", {"resourceClaimName": "shared"}, "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES",
+    pod(nc, ns, "p", {"resourceClaimName": "shared"}, "echo TOPODRA_VISIBLE_UUIDS=$TOPODRA_VISIBLE_UUIDS",
         containers=2)
     claim = pod_claim(nc, ns, "p")
     wait_phase(nc, ns, "p", "Succeeded")
-    outs = [env_of(nc.kubectl("logs", "-n", ns, "p", "-c", c))["NVIDIA_VISIBLE_DEVICES"] for c in ("c0", "c1")]
+    outs = [env_of(nc.kubectl("logs", "-n", ns, "p", "-c", c))["TOPODRA_VISIBLE_UUIDS"] for c in ("c0", "c1")]
     assert outs[0] == outs[1] != ""
     assert [outs[0]] == uuids_of(nc, nc.node_name, allocated(claim))
     delete_pod(nc, ns, "p")
@@ -303,7 +303,7 @@ def test_crash_between_started_and_completed_recovers(node_cluster: ClusterHandl
     plugin.start()  # normal restart: removes the orphan spec; the kubelet retries prepare
     wait_phase(nc, ns, "p", "Succeeded", timeout=120)
     env = env_of(nc.kubectl("logs", "-n", ns, "p"))
-    assert [env["NVIDIA_VISIBLE_DEVICES"]] == uuids_of(nc, nc.node_name, allocated(claim))
+    assert [env["TOPODRA_VISIBLE_UUIDS"]] == uuids_of(nc, nc.node_name, allocated(claim))
     matching = [s for s in our_specs() if claim["metadata"]["uid"] in s]
     assert len(matching) <= 1
     delete_pod(nc, ns, "p")

@@ -110,7 +110,7 @@ def test_time_slicing_and_mps_pods_run_with_their_config(node_cluster: ClusterHa
     assert ts_env["TOPODRA_DEVICE_GPU_5_TIMESLICE_INTERVAL"] == "Long"
     out = nc.kubectl("logs", "-n", ns, "mps")
     env = env_of(out)
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps" and env["NVIDIA_VISIBLE_DEVICES"] == gpu6
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps" and env["TOPODRA_VISIBLE_UUIDS"] == gpu6
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
     assert "PIPE=control" in out and f"PIPE={mockmps.PID_FILE}" in out, out  # the daemon's pipe dir, mounted

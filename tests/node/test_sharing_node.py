@@ -96,8 +96,8 @@ def test_containers_see_only_their_mig_device(node_cluster: ClusterHandle, plugi
     seen = set()
     for name in ("a", "b"):
         env = env_of(nc.kubectl("logs", "-n", ns, name))
-        visible = env["NVIDIA_VISIBLE_DEVICES"].split(",")
-        assert len(visible) == 1 and visible[0].startswith("MIG-"), env["NVIDIA_VISIBLE_DEVICES"]
+        visible = env["TOPODRA_VISIBLE_UUIDS"].split(",")
+        assert len(visible) == 1 and visible[0].startswith("MIG-"), env["TOPODRA_VISIBLE_UUIDS"]
         assert parent not in json.dumps(env), "the parent GPU's UUID must not reach the container"
         (device,) = [r["device"] for r in claims[name]["status"]["allocation"]["devices"]["results"]]
         assert env["TOPODRA_VISIBLE_DEVICES"] == device
@@ -126,7 +126,7 @@ def test_kill_after_instance_creation_leaks_nothing(node_cluster: ClusterHandle,
     held = instances(mig_state)[parent]
     assert len(held) == 1, held
     env = env_of(nc.kubectl("logs", "-n", ns, "p"))
-    assert env["NVIDIA_VISIBLE_DEVICES"] == mig_uuid(parent, *held[0])
+    assert env["TOPODRA_VISIBLE_UUIDS"] == mig_uuid(parent, *held[0])
     assert claim["metadata"]["uid"] in env.get(
         f"TOPODRA_DEVICE_{env['TOPODRA_VISIBLE_DEVICES'].upper().replace('-', '_').replace('.', '_')}_CLAIM_UID", "")
     delete_pod(nc, ns, "p")
@@ -160,7 +160,7 @@ def test_memory_shares_see_their_limits(node_cluster: ClusterHandle, plugin: Plu
             wait_phase(nc, ns, name, "Running")
             wait_for(functools.partial(logged_env, nc, ns, name), 30, f"{name}'s env")
             env = env_of(nc.kubectl("logs", "-n", ns, name))
-            assert env["NVIDIA_VISIBLE_DEVICES"] == gpu0 and env["TOPODRA_VISIBLE_DEVICES"] == "gpu-0"
+            assert env["TOPODRA_VISIBLE_UUIDS"] == gpu0 and env["TOPODRA_VISIBLE_DEVICES"] == "gpu-0"
             assert env["TOPODRA_DEVICE_GPU_0_MEMORY_LIMIT"] == mem
             assert env["TOPODRA_DEVICE_GPU_0_SHARE_ID"]
         for name in ("a", "b"):

@@ -37,18 +37,20 @@ class MigEffect:
     def device_edits(self, d: CheckpointDevice, dev: Device) -> tuple[Device, tuple[str, ...]]:
         if d.mig is None:
             return dev, ()
-        return dev.model_copy(update={"uuid": d.mig.uuid, "device_nodes": self._nodes(dev, d.mig)}), ()
+        caps = self._caps(dev, d.mig)
+        return dev.model_copy(update={"uuid": d.mig.uuid, "device_nodes": (*dev.device_nodes, *caps),
+                                      "device_node_modes": {**dev.device_node_modes, **caps}}), ()
 
-    def _nodes(self, dev: Device, inst: MigInstance) -> tuple[str, ...]:
-        """The parent's ``/dev/nvidiaN`` plus the instance's capability nodes (this host's GPUs only; mock
-        hardware has none)."""
+    def _caps(self, dev: Device, inst: MigInstance) -> dict[str, int]:
+        """The instance's capability nodes and their modes, to go after the parent's ``/dev/nvidiaN`` (this
+        host's GPUs only; mock hardware has none)."""
         if not dev.device_nodes:
-            return ()
+            return {}
         if self.instances is None:
             raise ClaimError(f"device {dev.name}: no NVML access to find its MIG capability device nodes")
         try:
             minor = int(str(dev.attributes["parentDevice"].value).removeprefix("gpu-"))
-            return (*dev.device_nodes, *self.instances.cap_device_nodes(inst, minor))
+            return self.instances.cap_device_node_modes(inst, minor)
         except (KeyError, ValueError, MigError) as e:
             raise ClaimError(f"device {dev.name}: {e}") from e
 

@@ -71,6 +71,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("nvidia_driver_root", "root of the NVIDIA driver files (/ on the host, /driver-root in the chart's pod): "
          "--hardware nvml loads <root>/{usr/lib64,usr/lib/x86_64-linux-gnu,...}/libnvidia-ml.so.1 by absolute "
          "path (default /)", "DIR"),
+    Flag("nvidia_host_driver_root", "the same driver root as the container runtime on the host sees it: CDI "
+         "mounts of the driver libraries use it (default: --nvidia-driver-root; the chart: plugin.nvidiaDriverRoot)",
+         "DIR"),
+    Flag("nvidia_dev_root", "directory whose dev/ holds /dev/nvidiactl, nvidia-uvm, nvidiaN (default: the driver "
+         "root when it has dev/nvidiactl, else /)", "DIR"),
+    Flag("nvidia_proc_root", "the proc tree whose devices and driver/nvidia/capabilities the plugin reads "
+         "(nvidia-caps major, MIG capability minors; default /proc)", "DIR"),
     Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
          "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
     Flag("claim_cleanup_interval", "seconds between passes that unprepare claims whose ResourceClaim was "
@@ -113,6 +120,9 @@ class PluginConfig(BaseModel):
     metrics_address: str = "127.0.0.1"
     sysfs_root: Path | None = None
     nvidia_driver_root: Path = Path("/")
+    nvidia_host_driver_root: Path | None = None
+    nvidia_dev_root: Path | None = None
+    nvidia_proc_root: Path = Path("/proc")
     rediscover_interval: float = Field(default=60.0, ge=0)
     claim_cleanup_interval: float = Field(default=300.0, ge=0)
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")

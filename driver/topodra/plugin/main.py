@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from topodra.devices import Device
     from topodra.hardware import NvmlBackend
     from topodra.health.monitor import HealthMonitor
+    from topodra.hostdriver import HostDriver
     from topodra.inventory import Inventory
     from topodra.observe import Observer
     from topodra.plugin.device_health import DeviceHealthBoard
@@ -135,8 +136,9 @@ class Plugin:
 
             kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
             stack.callback(kube.close)
-            state = build_state(cfg, inventory, observer, mig=MigInstances(self.backend().nvml),
-                                timeslice_control=control_for(self.backend().nvml))
+            state = build_state(cfg, inventory, observer,
+                                mig=MigInstances(self.backend().nvml, proc_root=str(cfg.nvidia_proc_root)),
+                                timeslice_control=control_for(self.backend().nvml), host=host_driver(cfg))
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
             inventory.subscribe(board.devices_changed)
@@ -237,8 +239,20 @@ class Plugin:
         log.info("kubelet plugin stopped driver=%s node=%s", self.cfg.driver_name, self.cfg.node_name)
 
 
+def host_driver(cfg: PluginConfig) -> HostDriver | None:
+    """The node's NVIDIA driver files for containers; None on mock and replay hardware (their specs stay
+    env-only: nothing of the host's driver belongs in a mock container)."""
+    if cfg.hardware != "nvml":
+        return None
+    from topodra import hostdriver
+
+    return hostdriver.discover(cfg.nvidia_driver_root, dev_root=cfg.nvidia_dev_root, proc_root=cfg.nvidia_proc_root,
+                               host_driver_root=cfg.nvidia_host_driver_root)
+
+
 def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
-                mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None) -> DeviceState:
+                mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None,
+                host: HostDriver | None = None) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket.
 
     ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices;
@@ -250,7 +264,8 @@ def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
     return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
                        observer=observer,
-                       gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control))
+                       gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control),
+                       host_driver=host)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 MAX_GPU_INSTANCE_ID = 32
 MAX_COMPUTE_INSTANCE_ID = 8
 _DEVICE_FILE_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.M)
+_DEVICE_FILE_MODE = re.compile(r"^DeviceFileMode:\s*(\d+)\s*$", re.M)
 
 
 class MigError(RuntimeError):
@@ -59,26 +60,34 @@ class MigInstances:
         self.proc_root = proc_root
 
     def cap_device_nodes(self, inst: MigInstance, parent_minor: int) -> tuple[str, ...]:
-        """The ``/dev/nvidia-caps/nvidia-cap<N>`` nodes a container needs to open this GPU and compute instance.
+        """The ``/dev/nvidia-caps/nvidia-cap<N>`` nodes a container needs to open this GPU and compute instance."""
+        return tuple(self.cap_device_node_modes(inst, parent_minor))
+
+    def cap_device_node_modes(self, inst: MigInstance, parent_minor: int) -> dict[str, int]:
+        """Those nodes with the file mode the driver gives each (for CDI, which must not stat the host: the
+        node of a fresh instance usually does not exist there).
 
         The driver names them in ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access``
-        (``DeviceFileMinor: N``).  MigError when a file is missing or unreadable.
+        (``DeviceFileMinor: N``, ``DeviceFileMode: <decimal mode>``, absent mode: 0444).  MigError when a
+        file is missing or unreadable.
         """
         base = f"{self.proc_root}/driver/nvidia/capabilities/gpu{parent_minor}/mig/gi{inst.gpu_instance}"
         paths = [f"{base}/access"]
         if inst.compute_instance is not None:
             paths.append(f"{base}/ci{inst.compute_instance}/access")
-        out = []
+        out: dict[str, int] = {}
         for p in paths:
             try:
                 with open(p, encoding="utf-8") as f:
-                    m = _DEVICE_FILE_MINOR.search(f.read())
+                    text = f.read()
             except OSError as e:
                 raise MigError(f"GPU {inst.parent_uuid}: cannot read MIG capability {p}: {e}") from e
+            m = _DEVICE_FILE_MINOR.search(text)
             if m is None:
                 raise MigError(f"GPU {inst.parent_uuid}: {p} names no DeviceFileMinor")
-            out.append(f"/dev/nvidia-caps/nvidia-cap{m.group(1)}")
-        return tuple(out)
+            mode = _DEVICE_FILE_MODE.search(text)
+            out[f"/dev/nvidia-caps/nvidia-cap{m.group(1)}"] = int(mode.group(1)) & 0o777 if mode else 0o444
+        return out
 
     @contextmanager
     def _session(self) -> Iterator[None]:

@@ -67,7 +67,7 @@ def test_prepare_creates_the_instance_and_unprepare_destroys_it(tmp_path: Path) 
     assert rec.uuid == mig_uuid(gpu2, rec.gpu_instance, 0)
     # The container sees its MIG device and nothing else.
     env = spec_env(tmp_path, "u1")
-    assert f"NVIDIA_VISIBLE_DEVICES={rec.uuid}" in env and gpu2 not in " ".join(env)
+    assert f"TOPODRA_VISIBLE_UUIDS={rec.uuid}" in env and gpu2 not in " ".join(env)
     assert st.unprepare([ClaimRef("ns", "u1", "c-u1")]) == {"u1": ""}
     assert [(g.profileId, g.start) for g in nvml.mig_instances()[gpu2]] == [(19, 0)]
     assert st.unprepare([ClaimRef("ns", "u2", "c-u2"), ClaimRef("ns", "u1", "c-u1")]) == {"u2": "", "u1": ""}
@@ -110,7 +110,7 @@ def test_reboot_recreates_recorded_instances(tmp_path: Path) -> None:
     gis = nvml.mig_instances()[str(nvml.facts.gpus[5].uuid)]
     assert [(g.profileId, g.start) for g in gis] == [(15, 6)]
     rec = checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims["r"].devices[0].mig  # type: ignore[union-attr]
-    assert rec is not None and f"NVIDIA_VISIBLE_DEVICES={rec.uuid}" in spec_env(tmp_path, "r")
+    assert rec is not None and f"TOPODRA_VISIBLE_UUIDS={rec.uuid}" in spec_env(tmp_path, "r")
 
 
 CHILD = textwrap.dedent("""

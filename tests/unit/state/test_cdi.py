@@ -46,7 +46,8 @@ def test_build_spec_shape() -> None:
                                                     f"{UID_DIGIT}-nic-0"]
     top = env_of(spec["containerEdits"])
     assert top["TOPODRA_VISIBLE_DEVICES"] == "gpu-0,gpu-1,nic-0"
-    assert top["NVIDIA_VISIBLE_DEVICES"] == f"{gpu(0).uuid},{gpu(1).uuid}"  # GPUs only
+    assert top["TOPODRA_VISIBLE_UUIDS"] == f"{gpu(0).uuid},{gpu(1).uuid}"  # GPUs only
+    assert top["NVIDIA_VISIBLE_DEVICES"] == "void"  # the toolkit's value: no env-driven injection (finding 9)
     g0 = spec["devices"][0]["containerEdits"]
     env0 = env_of(g0)
     assert env0["TOPODRA_DEVICE_GPU_0_UUID"] == gpu(0).uuid
