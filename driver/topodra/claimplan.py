@@ -167,3 +167,22 @@ def spec_for(entry: ClaimEntry, devices: Mapping[str, Device], effects: Sequence
         env += more_env
         mounts += more_mounts
     return cdi.valid_spec(driver_name, entry.uid, sds, env, mounts, host)
+
+
+@dataclass(frozen=True)
+class Planner:
+    """What planning needs of the node, fixed for the plugin's life: the effects, the names, the host driver."""
+
+    effects: tuple[GpuEffect, ...]
+    driver_name: str
+    node: str
+    host: HostDriver | None = None
+
+    def batch(self, claims: Sequence[FetchedClaim], data: CheckpointData, devices: Mapping[str, Device],
+              nvidia_ids: Callable[[], Mapping[str, str]], results: dict[str, PrepareResult],
+              ) -> tuple[list[Planned], list[ClaimEntry]]:
+        return plan_batch(claims, data, devices, nvidia_ids, self.effects, self.driver_name, self.node, results,
+                          self.host)
+
+    def spec(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> dict[str, Any]:
+        return spec_for(entry, devices, self.effects, self.driver_name, self.node, self.host)

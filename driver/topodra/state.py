@@ -73,8 +73,8 @@ class DeviceState:
         no NVML access, so claims on MIG devices or with time-slice levels fail; MPS from PATH).
         ``host_driver``: the node's NVIDIA driver files for containers (``hostdriver``; None on mock hardware).
         """
-        self.host_driver = host_driver
         self.effects = tuple(gpu_effects) if gpu_effects is not None else effects.standard(state_dir)
+        self.plans = claimplan.Planner(self.effects, driver_name, node_name, host_driver)
         self.driver_name = driver_name
         self.node_name = node_name
         self.pool_name = node_name
@@ -204,9 +204,6 @@ class DeviceState:
     def _maybe_crash(self, point: str) -> None:
         crashpoints.reached(self.crash_point, point)
 
-    def _spec_for(self, entry: ClaimEntry, devices: Mapping[str, Device]) -> dict[str, Any]:
-        return claimplan.spec_for(entry, devices, self.effects, self.driver_name, self.node_name, self.host_driver)
-
     def _rollback_started(self, data: CheckpointData) -> tuple[CheckpointData, list[str]]:
         """Drop PrepareStarted entries (left by a process that died mid-prepare) and their specs."""
         started = [e for e in data.claims.values() if e.state == PREPARE_STARTED]
@@ -224,8 +221,7 @@ class DeviceState:
         data, rolled_back = self._rollback_started(self._load())
         devices = self.inventory.by_name
         results: dict[str, PrepareResult] = {}
-        fresh, repeats = claimplan.plan_batch(claims, data, devices, self._nvidia_ids, self.effects,
-                                              self.driver_name, self.node_name, results, self.host_driver)
+        fresh, repeats = self.plans.batch(claims, data, devices, self._nvidia_ids, results)
         for entry in repeats:
             results[entry.uid] = self._answer_existing(entry, devices)
         if not fresh:
@@ -291,7 +287,7 @@ class DeviceState:
                     new = effect.apply(entry, applied, devices)
                     done = i + 1
                     if new != entry:  # it recorded something the spec shows (a MIG UUID)
-                        spec = self._spec_for(new, devices)
+                        spec = self.plans.spec(new, devices)
                 except (ClaimError, cdi.CDISpecInvalid) as e:
                     applied = applied.without_claims({entry.uid})
                     self._undo([new], applied, devices, self.effects[:done])
@@ -315,7 +311,7 @@ class DeviceState:
         """Idempotent repeat: the stored answer, with the CDI spec re-created if it went missing."""
         if not cdi.spec_exists(self.cdi_root, self.driver_name, entry.uid):
             try:
-                cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
+                cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self.plans.spec(entry, devices))
             except (ClaimError, cdi.CDISpecInvalid, OSError) as e:
                 log.error("node %s: claim %s: %s", self.node_name, entry.ref, e)
                 return PrepareResult([], f"claim {entry.ref}: already prepared but its CDI spec is missing "
@@ -369,7 +365,7 @@ class DeviceState:
                 for entry in removed:  # still prepared, its effects untouched: its spec goes back
                     results[entry.uid] = f"claim {entry.ref}: cannot write checkpoint: {e}"
                     with contextlib.suppress(OSError, ClaimError, cdi.CDISpecInvalid):
-                        cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self._spec_for(entry, devices))
+                        cdi.write_spec(self.cdi_root, self.driver_name, entry.uid, self.plans.spec(entry, devices))
                 return results
             self._maybe_crash("after-unprepare-checkpoint-written")
             self._undo(removed, remaining, devices)
@@ -420,7 +416,7 @@ class DeviceState:
         for uid in recovery.specs_to_write(before, data, rebooted,
                                            lambda u: cdi.spec_exists(self.cdi_root, self.driver_name, u)):
             try:
-                cdi.write_spec(self.cdi_root, self.driver_name, uid, self._spec_for(data.claims[uid], devices))
+                cdi.write_spec(self.cdi_root, self.driver_name, uid, self.plans.spec(data.claims[uid], devices))
             except (ClaimError, cdi.CDISpecInvalid, OSError) as e:
                 unrecoverable[uid] = str(e)
                 continue
