@@ -135,3 +135,31 @@ def test_without_a_driver_root_nothing_is_preloaded(tmp_path: Path, monkeypatch:
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     argv, env = MpsDaemons(tmp_path / "state", binary="/opt/mps").command("c")
     assert argv == ["/opt/mps"] and "LD_PRELOAD" not in env and env["PATH"] == os.environ["PATH"]
+
+
+def test_the_plugin_passes_its_driver_root_to_time_slicing_and_mps(tree: Path, tmp_path: Path,
+                                                                   no_path: None) -> None:  # fmt: skip
+    """``--nvidia-driver-root`` reaches both tools on real hardware; mock hardware keeps its stand-ins."""
+    import argparse
+
+    from topodra import effects
+    from topodra.effects.mps import MpsEffect
+    from topodra.hardware import load_backend
+    from topodra.plugin import config
+    from topodra.plugin.main import driver_root
+    from topodra.sharing.timeslice import control_for
+
+    parser = argparse.ArgumentParser()
+    config.configure(parser)
+
+    def cfg(*argv: str) -> config.PluginConfig:
+        return config.from_args(parser.parse_args(["--node-name", "n", "--plugin-dir", str(tmp_path), *argv]), {})
+
+    real = cfg("--hardware", "nvml", "--nvidia-driver-root", str(tree))
+    assert driver_root(real) == tree and driver_root(cfg("--hardware", "mock:dgx-h100")) is None
+    smi = control_for(object(), driver_root=driver_root(real))
+    assert isinstance(smi, NvidiaSmiTimeSlice) and smi.command("GPU-x", 1)[0][0] == str(tree / "usr/bin/nvidia-smi")
+    mps = [e for e in effects.standard(tmp_path, driver_root=driver_root(real)) if isinstance(e, MpsEffect)]
+    assert mps[0].daemons.command("c")[0] == [str(tree / "usr/bin/nvidia-cuda-mps-control")]
+    nvml = load_backend("mock:dgx-h100", "n").nvml  # mock hardware answers time slicing itself
+    assert control_for(nvml, driver_root=None) is nvml
