@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_mig_parent_cluster import mig_parent_class
 from test_scheduling_topology import Scenario, scenario_maker
 from testkit.handle import ClusterHandle
 from testkit.paths import REPO
@@ -54,10 +55,11 @@ def test_full_mig_node_sends_the_profile_to_a_shared_gpu(scenarios: Callable[...
     assert node == mig_node and results[0]["request"] == "gpus/slice", results
     assert s.attrs(mig_node, results[0]["device"])["profile"].startswith("1g.")
     s.release("p-slice")
-    # Every GPU of the MIG node taken whole: no slice is left anywhere, so the shared alternative is taken.
+    # Every GPU of the MIG node taken whole (an admin's class: no GPU class selects a MIG-enabled GPU): no
+    # slice is left anywhere, so the shared alternative is taken.
     s.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "all8"},
               "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                  "deviceClassName": "gpu.topodra.io", "allocationMode": "ExactCount", "count": 8}}]}}}})
+                  "deviceClassName": mig_parent_class(s.cluster), "allocationMode": "ExactCount", "count": 8}}]}}}})
     s.pod("blocker", "all8", [mig_node])
     assert len(s.wait_allocated("blocker")[1]) == 8
     s.pod("p-shared", "infer", [mig_node, shared_node])

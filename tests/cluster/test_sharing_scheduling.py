@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from test_mig_parent_cluster import mig_parent_class
 from test_scheduling_topology import Scenario, scenario_maker
 from testkit.handle import ClusterHandle
 
@@ -33,9 +34,10 @@ def slice_template(s: Scenario, name: str, profile: str, gpu: str) -> str:
 
 
 def whole_template(s: Scenario, name: str, minor: int) -> str:
+    """The whole device of a MIG-enabled GPU: only an admin's class selects it (type gpu-mig-parent)."""
     s.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
               "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                  "deviceClassName": "gpu.topodra.io",
+                  "deviceClassName": mig_parent_class(s.cluster),
                   "selectors": [{"cel": {"expression": f"{D}.minor == {minor}"}}]}}]}}}})
     return name
 

@@ -38,6 +38,7 @@ from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, device_taints, rule_taint, taint_text
 
 Obj = dict[str, Any]
+MIG_PARENT_TYPE = "gpu-mig-parent"  # sharing.mig.MIG_PARENT_TYPE, not imported here: sharing.mig needs pydantic
 DEFAULT_PRIOR_WEIGHT = 20.0  # the placement scorer's --prior-weight default (fleet.fgd)
 DEFAULT_WINDOW = 200  # the placement scorer's --window default (fleet.fgd)
 FREE, ALLOCATED, TAINTED = "free", "allocated", "tainted"
@@ -371,6 +372,8 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
             for dev in s["spec"].get("devices") or []:
                 attrs = qualified_attributes(dev, driver)
                 kind = attrs.get(f"{driver}/type")
+                if kind == MIG_PARENT_TYPE:  # a MIG-enabled GPU: still drawn as its GPU (slices are not drawn)
+                    kind = "gpu"
                 if kind not in ("gpu", "nic"):
                     continue
                 name = str(dev.get("name", ""))

@@ -16,8 +16,10 @@ __all__ = ["GpuEffect", "MigEffect", "MpsEffect", "Recovered", "TimeSliceEffect"
 
 
 def standard(state_dir: str | os.PathLike[str], *, mig: MigInstances | None = None,
-             timeslice: TimeSliceControl | None = None, mps: MpsDaemons | None = None) -> tuple[GpuEffect, ...]:
+             timeslice: TimeSliceControl | None = None, mps: MpsDaemons | None = None,
+             driver_root: str | os.PathLike[str] | None = None) -> tuple[GpuEffect, ...]:
     """The effects in their order: MIG instances first (the spec and MPS need their UUIDs), then time-slice
     levels, then MPS daemons.  ``mig``/``timeslice`` None: claims needing them fail; ``mps`` defaults to
-    daemons under ``state_dir`` with the binary from PATH."""
-    return (MigEffect(mig), TimeSliceEffect(timeslice), MpsEffect(mps if mps is not None else MpsDaemons(state_dir)))
+    daemons under ``state_dir`` with the binary from ``driver_root`` (None: mock hardware, PATH only)."""
+    daemons = mps if mps is not None else MpsDaemons(state_dir, driver_root=driver_root)
+    return MigEffect(mig), TimeSliceEffect(timeslice), MpsEffect(daemons)

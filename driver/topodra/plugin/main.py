@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 from contextlib import ExitStack
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -138,7 +139,8 @@ class Plugin:
             stack.callback(kube.close)
             state = build_state(cfg, inventory, observer,
                                 mig=MigInstances(self.backend().nvml, proc_root=str(cfg.nvidia_proc_root)),
-                                timeslice_control=control_for(self.backend().nvml), host=host_driver(cfg))
+                                timeslice_control=control_for(self.backend().nvml, driver_root=driver_root(cfg)),
+                                host=host_driver(cfg))
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
             inventory.subscribe(board.devices_changed)
@@ -250,6 +252,12 @@ def host_driver(cfg: PluginConfig) -> HostDriver | None:
                                host_driver_root=cfg.nvidia_host_driver_root)
 
 
+def driver_root(cfg: PluginConfig) -> Path | None:
+    """Where the driver's tools (nvidia-smi, MPS) are run from; None on mock and replay hardware (PATH only,
+    no preload: their stand-ins need no driver libraries)."""
+    return cfg.nvidia_driver_root if cfg.hardware == "nvml" else None
+
+
 def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
                 mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None,
                 host: HostDriver | None = None) -> DeviceState:
@@ -264,7 +272,8 @@ def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
     return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
                        observer=observer,
-                       gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control),
+                       gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control,
+                                                    driver_root=driver_root(cfg)),
                        host_driver=host)
 
 

@@ -8,6 +8,12 @@ slices, so two placements that overlap, or that together need more compute
 than the GPU has, can never both be allocated.  The whole GPU consumes all of
 them: it cannot be handed out while any slice of it is, nor the reverse.
 
+With MIG mode on, CUDA sees no device on the whole GPU (only on its instances),
+so, as NVIDIA's DRA driver does not offer such a GPU whole, its whole device is
+published with ``type: gpu-mig-parent``: the GPU DeviceClasses (``type ==
+"gpu"``) never hand it out.  It stays published, owning the counter set, for an
+admin's own class (tools such as nvidia-smi or DCGM that want the whole GPU).
+
 Device names are DNS labels, so the profile's dot becomes a dash:
 ``gpu-3-mig-1g-10gb-0`` is the 1g.10gb instance starting at memory slice 0.
 """
@@ -21,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from topodra.devices import AttributeValue, Device, int_attr, string_attr
 
 COMPUTE_COUNTER = "compute-slices"
+MIG_PARENT_TYPE = "gpu-mig-parent"  # the whole device of a MIG-enabled GPU: no GPU class selects it
 STD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 # Parent attributes that describe the whole GPU, not a slice of it.
 _PARENT_ONLY = frozenset({"type", "uuid", "minor", "migCapable", STD_PCI_BUS_ID})
@@ -85,12 +92,14 @@ def gpu_counters(profiles: Sequence[MigProfile]) -> dict[str, str]:
 
 
 def partition(gpu: Device, profiles: Sequence[MigProfile]) -> list[Device]:
-    """The whole GPU (owning and consuming its counter set) followed by one device per MIG placement."""
+    """The whole GPU (owning and consuming its counter set, typed ``gpu-mig-parent`` so GPU classes skip it)
+    followed by one device per MIG placement."""
     if gpu.kind != "gpu":
         raise ValueError(f"{gpu.name} is not a GPU")
     counters = gpu_counters(profiles)
     cset = counter_set_name(gpu.name)
-    whole = gpu.model_copy(update={"shared_counters": {cset: counters}, "consumes_counters": {cset: counters}})
+    whole = gpu.model_copy(update={"shared_counters": {cset: counters}, "consumes_counters": {cset: counters},
+                                   "attributes": {**gpu.attributes, "type": string_attr(MIG_PARENT_TYPE)}})
     inherited = {k: v for k, v in gpu.attributes.items() if k not in _PARENT_ONLY}
     out = [whole]
     for p in sorted(profiles, key=lambda p: (p.compute_slices, p.memory_mib, p.name)):

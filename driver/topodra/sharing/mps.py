@@ -13,8 +13,10 @@ directories reach the containers through CDI mounts.  Daemons outlive the
 plugin: a restart stops those of claims the checkpoint no longer records
 (a prepare that died before its checkpoint write) and leaves the others.
 
-The binary is found in PATH or at ``TOPODRA_MPS_CONTROL``; mock hardware
-installs a stand-in (``topodra.hardware.mockmps``) that behaves the same way.
+The binary is ``TOPODRA_MPS_CONTROL`` when set, else found under the driver
+root, then in PATH, and run with the root's libcuda and NVML preloaded
+(``driverbins``); mock hardware installs a stand-in
+(``topodra.hardware.mockmps``) that behaves the same way.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from topodra.selectors import parse_quantity
+from topodra.sharing import driverbins
 from topodra.sharing.config import Mps
 
 log = logging.getLogger(__name__)
 
-BINARY = "nvidia-cuda-mps-control"
+BINARY = driverbins.MPS_CONTROL
 BINARY_ENV = "TOPODRA_MPS_CONTROL"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # the CUDA runtime's default pipe directory
@@ -69,25 +72,33 @@ def claim_env(mps: Mps, consumed_memory: Sequence[str | None]) -> list[str]:
 class MpsDaemons:
     """Start, stop and list the per-claim control daemons under ``<state_dir>/mps``."""
 
-    def __init__(self, state_dir: str | os.PathLike[str], binary: str | None = None) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], binary: str | None = None,
+                 driver_root: str | os.PathLike[str] | None = None) -> None:  # fmt: skip
         self.root = Path(state_dir) / SUBDIR
         self.binary = binary
+        self.driver_root = driver_root
 
-    def _binary(self) -> str:
-        found = self.binary or os.environ.get(BINARY_ENV) or shutil.which(BINARY)
-        if not found:
-            raise MpsError(f"{BINARY} is not installed on this node (put it in PATH or set {BINARY_ENV})")
-        return found
+    def _tool(self) -> driverbins.DriverTool:
+        """The control binary (``binary``, ``$TOPODRA_MPS_CONTROL``, the driver root's, PATH's) and its preload."""
+        try:
+            return driverbins.mps_control(self.driver_root, os.environ.get("PATH"),
+                                          self.binary or os.environ.get(BINARY_ENV) or None)
+        except driverbins.DriverToolMissing as e:
+            raise MpsError(f"MPS needs {BINARY}: {e} (or set {BINARY_ENV})") from e
 
     def dirs(self, claim_uid: str) -> tuple[Path, Path]:
         """The claim's (pipe, log) directories on the host."""
         base = self.root / claim_uid
         return base / "pipe", base / "log"
 
-    def _env(self, claim_uid: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    def command(self, claim_uid: str, extra: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+        """The argv (without ``-d``) and environment of the claim's control program: the plugin's
+        environment, ``extra``, the claim's pipe and log dirs, and the tool's preload and PATH."""
         pipe, logs = self.dirs(claim_uid)
-        return {**os.environ, **(extra or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-                "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+        t = self._tool()
+        env = t.environ(os.environ, {**(extra or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+                                     "CUDA_MPS_LOG_DIRECTORY": str(logs)})
+        return [str(t.path)], env
 
     def pid(self, claim_uid: str) -> int | None:
         """The claim's running daemon, or None."""
@@ -107,9 +118,9 @@ class MpsDaemons:
         pipe.mkdir(parents=True, exist_ok=True, mode=0o755)
         logs.mkdir(parents=True, exist_ok=True, mode=0o755)
         try:
-            r = subprocess.run([self._binary(), "-d"], env=self._env(claim_uid, {
-                "CUDA_VISIBLE_DEVICES": ",".join(uuids)}), capture_output=True, text=True, timeout=_TIMEOUT_S,
-                stdin=subprocess.DEVNULL)
+            argv, env = self.command(claim_uid, {"CUDA_VISIBLE_DEVICES": ",".join(uuids)})
+            r = subprocess.run([*argv, "-d"], env=env, capture_output=True, text=True, timeout=_TIMEOUT_S,
+                               stdin=subprocess.DEVNULL)
             if r.returncode != 0:
                 raise MpsError(f"claim {claim_uid}: {BINARY} -d failed ({r.returncode}): "
                                f"{(r.stderr or r.stdout).strip()}")
@@ -123,9 +134,10 @@ class MpsDaemons:
         """``echo quit | nvidia-cuda-mps-control``, then remove the claim's dirs; False if none was running."""
         running = self.pid(claim_uid) is not None
         if running:
+            argv, env = self.command(claim_uid)
             try:
-                r = subprocess.run([self._binary()], input="quit\n", env=self._env(claim_uid), capture_output=True,
-                                   text=True, timeout=_TIMEOUT_S)
+                r = subprocess.run(argv, input="quit\n", env=env, capture_output=True, text=True,
+                                   timeout=_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise MpsError(f"claim {claim_uid}: cannot stop the MPS daemon: {e}") from e
             if r.returncode != 0:

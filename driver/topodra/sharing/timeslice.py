@@ -7,8 +7,8 @@ property of the whole GPU, so every prepared claim on one GPU must agree on it
 returns to Default once no prepared claim asks for more.
 
 NVML's public API (and ``pynvml``) offers no setter for it outside vGPU; the
-driver's tool does: ``nvidia-smi compute-policy -i <uuid> --set-timeslice=<n>``.
-``NvidiaSmiTimeSlice`` runs it on real hosts; mock hardware (``FakeNvml``) has
+driver's tool does: ``nvidia-smi compute-policy -i <uuid> --set-timeslice <n>``.
+``NvidiaSmiTimeSlice`` runs it on real hosts, from the driver root (``driverbins``); mock hardware (``FakeNvml``) has
 the same two methods and records the level as GPU state.  ``desired_levels`` is
 the pure rule both prepare/unprepare and crash recovery use.
 """
@@ -16,17 +16,18 @@ the pure rule both prepare/unprepare and crash recovery use.
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import subprocess
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
+from topodra.sharing import driverbins
 from topodra.sharing.config import TIMESLICE_LEVEL, Sharing
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEVEL = TIMESLICE_LEVEL["Default"]
-NVIDIA_SMI = "nvidia-smi"
+NVIDIA_SMI = driverbins.NVIDIA_SMI
 _TIMEOUT_S = 30.0
 
 
@@ -44,21 +45,31 @@ class TimeSliceControl(Protocol):
 
 
 class NvidiaSmiTimeSlice:
-    """The time-slice level through the host's ``nvidia-smi`` (found in PATH unless a path is given)."""
+    """The time-slice level through the host's ``nvidia-smi``, run as NVIDIA's DRA driver runs it.
 
-    def __init__(self, path: str | None = None) -> None:
+    Found under ``driver_root`` (``<root>/usr/bin``, ``bin``, ``usr/sbin``), then in PATH, unless ``path``
+    is given; with a driver root its child preloads the root's ``libnvidia-ml.so.1`` (``driverbins``).
+    """
+
+    def __init__(self, path: str | None = None, driver_root: str | os.PathLike[str] | None = None) -> None:
         self.path = path
+        self.driver_root = driver_root
 
-    def _binary(self) -> str:
-        found = self.path or shutil.which(NVIDIA_SMI)
-        if not found:
-            raise TimeSliceError(f"{NVIDIA_SMI} is not installed on this node (needed for time slicing)")
-        return found
+    def _tool(self) -> driverbins.DriverTool:
+        try:
+            return driverbins.nvidia_smi(self.driver_root, os.environ.get("PATH"), self.path)
+        except driverbins.DriverToolMissing as e:
+            raise TimeSliceError(f"time slicing needs {NVIDIA_SMI}: {e}") from e
+
+    def command(self, uuid: str, level: int) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment that set ``uuid``'s level (the two-argument form DRA runs)."""
+        t = self._tool()
+        return [str(t.path), "compute-policy", "-i", uuid, "--set-timeslice", str(level)], t.environ(os.environ)
 
     def set_timeslice(self, uuid: str, level: int) -> None:
-        cmd = [self._binary(), "compute-policy", "-i", uuid, f"--set-timeslice={level}"]
+        cmd, env = self.command(uuid, level)
         try:
-            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=_TIMEOUT_S)
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=_TIMEOUT_S, env=env)
         except subprocess.CalledProcessError as e:
             raise TimeSliceError(f"GPU {uuid}: {' '.join(cmd)} failed: {(e.stderr or e.stdout).strip()}") from e
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -68,9 +79,10 @@ class NvidiaSmiTimeSlice:
         return None  # nvidia-smi prints no machine-readable level; callers set the level they want
 
 
-def control_for(nvml: object, nvidia_smi: str | None = None) -> TimeSliceControl:
+def control_for(nvml: object, nvidia_smi: str | None = None,
+                driver_root: str | os.PathLike[str] | None = None) -> TimeSliceControl:  # fmt: skip
     """Mock hardware answers itself (its ``FakeNvml`` records the level); a real host uses nvidia-smi."""
-    return nvml if isinstance(nvml, TimeSliceControl) else NvidiaSmiTimeSlice(nvidia_smi)
+    return nvml if isinstance(nvml, TimeSliceControl) else NvidiaSmiTimeSlice(nvidia_smi, driver_root)
 
 
 def level_of(sharing: Sharing | None) -> int:

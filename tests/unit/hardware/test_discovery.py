@@ -77,7 +77,8 @@ def test_profile_attributes(profile: str) -> None:
     for d in gpus:
         a = attrs(d)
         assert set(a) >= GPU_REQUIRED, GPU_REQUIRED - set(a)
-        assert (a["type"], a["model"], a["architecture"], a["cudaComputeCapability"]) == ("gpu", model, arch, cc)
+        whole = "gpu-mig-parent" if profile.endswith("-mig") else "gpu"  # MIG on: not a GPU class's device
+        assert (a["type"], a["model"], a["architecture"], a["cudaComputeCapability"]) == (whole, model, arch, cc)
         assert a["migCapable"] is mig
         assert a["uuid"] == d.uuid and d.uuid.startswith("GPU-")
         assert d.capacity == {"memory": memory}
