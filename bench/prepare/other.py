@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import string
 import subprocess
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import grpc
 from bench.prepare.common import DRIVER, BenchError
 from testkit import cluster as localcluster
+from testkit import procs
 from testkit.kubeletstub import KubeletStub
 
 from topodra.apipaths import slices_path
@@ -116,14 +116,7 @@ class OtherPlugin:
         """SIGTERM, then SIGKILL after 30 s; the exit code (None if never started)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        rc = self.proc.returncode
+        rc = procs.stop(self.proc)
         self.proc = None
         return rc
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from testkit import procs
 from testkit.paths import REPO
 from testkit.ports import free_port
 
@@ -104,14 +104,7 @@ class PluginProcess:
         """SIGTERM, then SIGKILL after 30 s; returns the exit code (None if never started)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        rc = self.proc.returncode
+        rc = procs.stop(self.proc)
         self.proc = None
         return rc
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -68,3 +71,15 @@ def procs_matching(needle: str) -> set[int]:
                 if needle in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
                     out.add(int(d.name))
     return out
+
+
+def stop(proc: subprocess.Popen[Any], grace: float = 30) -> int:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return int(proc.returncode)
