@@ -85,6 +85,7 @@ class DeviceState:
         self.nvidia_spec_dirs = [Path(d) for d in nvidia_spec_dirs]
         self.observer = observer
         self._spec_cache: cdi.SpecCache = {}
+        self._warned_no_toolkit_id: set[str] = set()  # GPUs the toolkit's spec names no device for, warned once
         self._checkpoint_cache: checkpoint.LoadCache = {}
         self.crash_point = crashpoints.chosen(crash_point)
         self._lock = threading.Lock()
@@ -329,7 +330,13 @@ class DeviceState:
         """The NVIDIA toolkit's CDI IDs of our GPUs (its specs are parsed again only when they change)."""
         specs = cdi.load_specs(self.nvidia_spec_dirs, skip_prefix=cdi.spec_file_prefix(self.driver_name),
                                cache=self._spec_cache)
-        return cdi.nvidia_gpu_ids(specs, self.inventory.devices)
+        ids = cdi.nvidia_gpu_ids(specs, self.inventory.devices)
+        for name in cdi.unmatched_gpus(specs, self.inventory.devices, ids):
+            if name not in self._warned_no_toolkit_id:
+                self._warned_no_toolkit_id.add(name)
+                log.warning("node %s: GPU %s matches no device of the NVIDIA toolkit's CDI spec (by UUID, index "
+                            "or type-index name): its containers get topodra's edits only", self.node_name, name)
+        return ids
 
     # ---- unprepare ----
 
