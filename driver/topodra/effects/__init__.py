@@ -6,6 +6,7 @@ import os
 
 from topodra.effects.base import GpuEffect, Recovered
 from topodra.effects.mig import MigEffect
+from topodra.effects.migjournal import MigJournal
 from topodra.effects.mps import MpsEffect
 from topodra.effects.timeslice import TimeSliceEffect
 from topodra.sharing.instances import MigInstances
@@ -20,4 +21,5 @@ def standard(state_dir: str | os.PathLike[str], *, mig: MigInstances | None = No
     """The effects in their order: MIG instances first (the spec and MPS need their UUIDs), then time-slice
     levels, then MPS daemons.  ``mig``/``timeslice`` None: claims needing them fail; ``mps`` defaults to
     daemons under ``state_dir`` with the binary from PATH."""
-    return (MigEffect(mig), TimeSliceEffect(timeslice), MpsEffect(mps if mps is not None else MpsDaemons(state_dir)))
+    return (MigEffect(mig, MigJournal(state_dir)), TimeSliceEffect(timeslice),
+            MpsEffect(mps if mps is not None else MpsDaemons(state_dir)))
