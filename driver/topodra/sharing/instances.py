@@ -96,11 +96,14 @@ class MigInstances:
         self._handles: dict[str, Any] = {}
 
     def close(self) -> None:
-        """End the NVML session (a later call opens a new one)."""
+        """End the NVML session (a later call opens a new one); never raises (it runs at plugin exit)."""
         self._handles.clear()
         if self._open:
             self._open = False
-            self.nvml.nvmlShutdown()
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError as e:
+                log.warning("nvmlShutdown failed: %s", e)
 
     def cap_device_nodes(self, inst: MigInstance, parent_minor: int) -> tuple[str, ...]:
         """The ``/dev/nvidia-caps/nvidia-cap<N>`` nodes a container needs to open this GPU and compute instance."""
