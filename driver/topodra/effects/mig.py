@@ -104,8 +104,11 @@ class MigEffect:
                 out.append(d.model_copy(update={"mig": inst}))
         except ClaimError:
             gone = self._destroy(made)
-            self.journal.forget(k for k in map(placement_key, placements.values())
-                                if k not in left and k not in {i.placement_key for i in made if i not in gone})
+            # Keep what may still exist: a half-made instance, one whose destroy failed, and (never expected:
+            # the scheduler allocates a placement once) a placement another prepared claim's instance holds.
+            keep = {*left, *(i.placement_key for i in made if i not in gone),
+                    *(d.mig.placement_key for e in applied.claims.values() for d in e.devices if d.mig is not None)}
+            self.journal.forget(k for k in map(placement_key, placements.values()) if k not in keep)
             raise
         return entry.model_copy(update={"devices": out})
 
