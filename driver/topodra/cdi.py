@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ _VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NVIDIA_MINOR_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
+# A whole GPU under the toolkit's index (``3``) or type-index (``gpu3``) naming strategy.
+_TOOLKIT_INDEX_NAME = re.compile(r"^(gpu)?[0-9]+$")
 _DEVICE_NODE_TYPES = {"", "b", "c", "u", "p"}
 _DEVICE_NODE_KEYS = {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"}
 _SUPPORTED_EDIT_KEYS = {"env", "deviceNodes", "mounts"}
@@ -323,19 +326,14 @@ def validate_spec(spec: dict[str, Any]) -> None:
 def nvidia_gpu_ids(specs: Iterable[dict[str, Any]], devices: Iterable[Device]) -> dict[str, str]:
     """Map our GPU names to the toolkit's ``nvidia.com/gpu=...`` IDs.
 
-    A toolkit device named after the GPU UUID wins; otherwise a whole-GPU
-    device (numeric name, from the index naming strategy) whose device nodes
-    contain the GPU's ``/dev/nvidiaN``.  GPUs with no match get no entry.
+    ``nvidia-ctk cdi generate --device-name-strategy`` names a whole GPU ``<uuid>`` (``uuid``), ``<N>``
+    (``index``, the default with ``uuid``) or ``gpu<N>`` (``type-index``), N being NVML's index, not
+    the minor (toolkit v1.20 ``pkg/nvcdi/namer.go``; MIG devices are ``N:M``/``migN:M``/``MIG-...``,
+    which topodra never uses: its instances are made at prepare).  A device named after the GPU UUID
+    wins; otherwise an index-style name whose device nodes contain the GPU's ``/dev/nvidiaN`` (the
+    index cannot be trusted to equal the minor).  GPUs with no match get no entry.
     """
-    by_name: dict[str, set[str]] = {}
-    for spec in specs:
-        if spec.get("kind") != NVIDIA_GPU_KIND:
-            continue
-        for d in spec.get("devices") or []:
-            if not isinstance(d, dict) or not isinstance(d.get("name"), str):
-                continue
-            nodes = ((d.get("containerEdits") or {}).get("deviceNodes")) or []
-            by_name[d["name"]] = {n.get("path", "") for n in nodes if isinstance(n, dict)}
+    by_name = _toolkit_gpu_devices(specs)
     out: dict[str, str] = {}
     for dev in devices:
         if dev.kind != "gpu":
@@ -345,10 +343,32 @@ def nvidia_gpu_ids(specs: Iterable[dict[str, Any]], devices: Iterable[Device]) -
             continue
         minors = [p for p in dev.device_nodes if _NVIDIA_MINOR_NODE.match(p)]
         for name, paths in sorted(by_name.items()):
-            if name.isdigit() and minors and minors[0] in paths:
+            if _TOOLKIT_INDEX_NAME.match(name) and minors and minors[0] in paths:
                 out[dev.name] = f"{NVIDIA_GPU_KIND}={name}"
                 break
     return out
+
+
+def unmatched_gpus(specs: Iterable[dict[str, Any]], devices: Iterable[Device], ids: Mapping[str, str]) -> list[str]:
+    """This host's GPUs (with device nodes) that get no toolkit ID although a ``nvidia.com/gpu`` spec
+    names devices: they lose the toolkit's injection, which deserves a warning, not silence."""
+    if not _toolkit_gpu_devices(specs):
+        return []
+    return [d.name for d in devices if d.kind == "gpu" and d.device_nodes and d.name not in ids]
+
+
+def _toolkit_gpu_devices(specs: Iterable[dict[str, Any]]) -> dict[str, set[str]]:
+    """Device name -> its device node paths, over the toolkit's ``nvidia.com/gpu`` specs."""
+    by_name: dict[str, set[str]] = {}
+    for spec in specs:
+        if spec.get("kind") != NVIDIA_GPU_KIND:
+            continue
+        for d in spec.get("devices") or []:
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+                continue
+            nodes = ((d.get("containerEdits") or {}).get("deviceNodes")) or []
+            by_name[d["name"]] = {n.get("path", "") for n in nodes if isinstance(n, dict)}
+    return by_name
 
 
 # ---- filesystem edges ----
@@ -434,3 +454,25 @@ def load_specs(dirs: Iterable[str | Path], skip_prefix: str = "",
             if doc is not None:
                 specs.append(doc)
     return specs
+
+
+class ToolkitIds:
+    """The NVIDIA toolkit's CDI IDs of a node's GPUs: its specs parsed again only when they change (this runs
+    on every prepare that needs them), and one warning per GPU that none of its devices names."""
+
+    def __init__(self, spec_dirs: Iterable[str | os.PathLike[str]], driver_name: str, node: str) -> None:
+        self.spec_dirs = [Path(d) for d in spec_dirs]
+        self.skip_prefix = spec_file_prefix(driver_name)
+        self.node = node
+        self._cache: SpecCache = {}
+        self._warned: set[str] = set()
+
+    def __call__(self, devices: Sequence[Device]) -> dict[str, str]:
+        specs = load_specs(self.spec_dirs, skip_prefix=self.skip_prefix, cache=self._cache)
+        ids = nvidia_gpu_ids(specs, devices)
+        for name in unmatched_gpus(specs, devices, ids):
+            if name not in self._warned:
+                self._warned.add(name)
+                log.warning("node %s: GPU %s matches no device of the NVIDIA toolkit's CDI spec (by UUID, index "
+                            "or type-index name): its containers get topodra's edits only", self.node, name)
+        return ids

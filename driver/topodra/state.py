@@ -82,9 +82,8 @@ class DeviceState:
         self.cdi_root = Path(cdi_root)
         self.state_dir = Path(state_dir)
         self.checkpoint_path = self.state_dir / checkpoint.FILE_NAME
-        self.nvidia_spec_dirs = [Path(d) for d in nvidia_spec_dirs]
+        self.toolkit_ids = cdi.ToolkitIds(nvidia_spec_dirs, driver_name, node_name)
         self.observer = observer
-        self._spec_cache: cdi.SpecCache = {}
         self._checkpoint_cache: checkpoint.LoadCache = {}
         self.crash_point = crashpoints.chosen(crash_point)
         self._lock = threading.Lock()
@@ -322,10 +321,7 @@ class DeviceState:
         return PrepareResult(claimplan.prepared_devices(entry))
 
     def _nvidia_ids(self) -> dict[str, str]:
-        """The NVIDIA toolkit's CDI IDs of our GPUs (its specs are parsed again only when they change)."""
-        specs = cdi.load_specs(self.nvidia_spec_dirs, skip_prefix=cdi.spec_file_prefix(self.driver_name),
-                               cache=self._spec_cache)
-        return cdi.nvidia_gpu_ids(specs, self.inventory.devices)
+        return self.toolkit_ids(self.inventory.devices)
 
     # ---- unprepare ----
 

@@ -169,16 +169,24 @@ class Teams:
         flavor: str = wait_for(admitted, timeout, f"job {ns}/{job} admitted")
         return flavor
 
-    def wait_pending(self, ns: str, job: str, settle: float = 3.0) -> str:
-        """The job is not admitted (and has no pods), with Kueue's reason."""
+    def wait_pending(self, ns: str, job: str) -> str:
+        """The job is not admitted (and has no pods), with Kueue's reason.
+
+        Waits for two positive signals instead of a settle time: Kueue evaluated the Workload and
+        refused it (QuotaReserved False, with its reason), and the Job controller acted on the
+        suspension that refusal keeps (the Job's own ``Suspended`` condition True).  Only then is
+        "no pods" a fact about a decision, not about a controller that has not run yet."""
         def pending() -> str | None:
             c = self.condition(ns, job, "QuotaReserved")
-            return str(c.get("message")) if c and c.get("status") == "False" else None
+            if not (c and c.get("status") == "False"):
+                return None
+            j = self.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{job}") or {}
+            suspended = any(c.get("type") == "Suspended" and c.get("status") == "True"
+                            for c in (j.get("status") or {}).get("conditions") or [])
+            return str(c.get("message")) if suspended and (j.get("spec") or {}).get("suspend") is True else None
 
-        msg: str = wait_for(pending, 60, f"job {ns}/{job} pending in Kueue")
-        threading.Event().wait(settle)
-        assert self.condition(ns, job, "Admitted") is None or \
-            (self.condition(ns, job, "Admitted") or {}).get("status") != "True"
+        msg: str = wait_for(pending, 60, f"job {ns}/{job} pending in Kueue, suspended by the Job controller")
+        assert (self.condition(ns, job, "Admitted") or {}).get("status") != "True"
         assert not self.job_pods(ns, job), "a job Kueue did not admit must have no pods"
         return msg
 

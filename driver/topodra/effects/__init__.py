@@ -6,6 +6,7 @@ import os
 
 from topodra.effects.base import GpuEffect, Recovered
 from topodra.effects.mig import MigEffect
+from topodra.effects.migjournal import MigJournal
 from topodra.effects.mps import MpsEffect
 from topodra.effects.timeslice import TimeSliceEffect
 from topodra.sharing.instances import MigInstances
@@ -22,4 +23,4 @@ def standard(state_dir: str | os.PathLike[str], *, mig: MigInstances | None = No
     levels, then MPS daemons.  ``mig``/``timeslice`` None: claims needing them fail; ``mps`` defaults to
     daemons under ``state_dir`` with the binary from ``driver_root`` (None: mock hardware, PATH only)."""
     daemons = mps if mps is not None else MpsDaemons(state_dir, driver_root=driver_root)
-    return MigEffect(mig), TimeSliceEffect(timeslice), MpsEffect(daemons)
+    return MigEffect(mig, MigJournal(state_dir)), TimeSliceEffect(timeslice), MpsEffect(daemons)

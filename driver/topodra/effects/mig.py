@@ -2,7 +2,8 @@
 
 The instance exists only from prepare to unprepare; its MIG UUID and capability device nodes go into the
 claim's CDI spec, and the checkpoint entry records it (``CheckpointDevice.mig``).  It comes first in the
-effect order: the spec and an MPS daemon need its UUID.  Hardware calls are ``sharing.instances``'s.
+effect order: the spec and an MPS daemon need its UUID.  Hardware calls are ``sharing.instances``'s; the
+intent journal (``migjournal``) is what lets recovery tell topodra's unrecorded instances from others'.
 """
 
 from __future__ import annotations
@@ -14,21 +15,24 @@ from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimError, ClaimRef
 from topodra.devices import Device
 from topodra.effects.base import Devices, Mount, Recovered
+from topodra.effects.migjournal import MigJournal
 from topodra.sharing.config import Sharing
-from topodra.sharing.instances import MigError, MigInstance, MigInstances
+from topodra.sharing.instances import MigError, MigInstance, MigInstances, PlacementKey, placement_key
 from topodra.sharing.mig import placement_of
 
 log = logging.getLogger(__name__)
 
 
 class MigEffect:
-    """``instances`` None: this plugin has no NVML access, so claims on MIG devices fail."""
+    """``instances`` None: this plugin has no NVML access, so claims on MIG devices fail.  ``journal``: the
+    intent journal in the plugin's state directory."""
 
     name = "mig"
     crash_point: str | None = "after-mig-created"  # instances of the batch made, no spec or checkpoint yet
 
-    def __init__(self, instances: MigInstances | None) -> None:
+    def __init__(self, instances: MigInstances | None, journal: MigJournal) -> None:
         self.instances = instances
+        self.journal = journal
 
     def check(self, ref: ClaimRef, dev: Device, sharing: Sharing | None, working: CheckpointData,
               devices: Devices, node: str) -> None:
@@ -61,40 +65,70 @@ class MigEffect:
         return any(devices[d.device_name].kind == "mig" for d in entry.devices if d.device_name in devices)
 
     def apply(self, entry: ClaimEntry, applied: CheckpointData, devices: Devices) -> ClaimEntry:
-        """The entry with an instance created and recorded for each MIG device; on failure none is left."""
+        """The entry with an instance created and recorded for each MIG device; on failure none is left.
+
+        The placements go into the journal first (one write per claim), so an instance a crash leaves
+        unrecorded is known at the next start as topodra's; they stay there until ``undo`` destroys the
+        instance, which covers a crash between unprepare's checkpoint write and the undo too."""
+        mig = [d for d in entry.devices if devices[d.device_name].kind == "mig"]
+        if not mig:
+            return entry
+        if self.instances is None:
+            raise ClaimError(f"claim {entry.ref}: {mig[0].device_name} is a MIG device, but this plugin has "
+                             "no NVML access to create MIG instances")
+        try:
+            placements = {d.device_name: placement_of(devices[d.device_name]) for d in mig}
+        except ValueError as e:
+            raise ClaimError(f"claim {entry.ref}: {e}") from e
+        try:
+            self.journal.record(placement_key(p) for p in placements.values())
+        except OSError as e:
+            raise ClaimError(f"claim {entry.ref}: cannot write the MIG intent journal {self.journal.path}: {e}") \
+                from e
         out: list[CheckpointDevice] = []
         made: list[MigInstance] = []
+        left: list[PlacementKey] = []  # placements a failed create may still hold an instance at
         try:
             for d in entry.devices:
-                dev = devices[d.device_name]
-                if dev.kind != "mig":
+                p = placements.get(d.device_name)
+                if p is None:
                     out.append(d)
                     continue
-                if self.instances is None:
-                    raise ClaimError(f"claim {entry.ref}: {d.device_name} is a MIG device, but this plugin has "
-                                     "no NVML access to create MIG instances")
                 try:
-                    inst = self.instances.create(placement_of(dev))
-                except (MigError, ValueError) as e:
+                    inst = self.instances.create(p)
+                except MigError as e:
+                    if e.left_behind:
+                        left.append(placement_key(p))
                     raise ClaimError(f"claim {entry.ref}: {d.device_name}: {e}") from e
                 made.append(inst)
                 out.append(d.model_copy(update={"mig": inst}))
         except ClaimError:
-            self._destroy(made)
+            gone = self._destroy(made)
+            # Keep what may still exist: a half-made instance, one whose destroy failed, and (never expected:
+            # the scheduler allocates a placement once) a placement another prepared claim's instance holds.
+            keep = {*left, *(i.placement_key for i in made if i not in gone),
+                    *(d.mig.placement_key for e in applied.claims.values() for d in e.devices if d.mig is not None)}
+            self.journal.forget(k for k in map(placement_key, placements.values()) if k not in keep)
             raise
         return entry.model_copy(update={"devices": out})
 
     def undo(self, entries: Sequence[ClaimEntry], final: CheckpointData, devices: Devices) -> None:
-        self._destroy([m for e in entries for m in e.mig_instances])
+        gone = self._destroy([m for e in entries for m in e.mig_instances])
+        self.journal.forget(i.placement_key for i in gone)
 
-    def _destroy(self, instances: Sequence[MigInstance]) -> None:
+    def _destroy(self, instances: Sequence[MigInstance]) -> list[MigInstance]:
+        """Those destroyed or already gone; a failure is logged (recovery retries if the intent stays)."""
         if self.instances is None:
-            return
+            return []
+        gone: list[MigInstance] = []
         for inst in instances:
             try:
                 self.instances.destroy(inst)  # already gone (e.g. after a reboot) is fine
-            except MigError as e:  # no entry records it any more: recovery's reconcile destroys it
+            except MigError as e:
                 log.error("%s", e)
+                continue
+            gone.append(inst)
+        return gone
 
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         if entry.mig_instances and self.instances is None:
@@ -102,20 +136,26 @@ class MigEffect:
         return None
 
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
-        """Destroy instances no entry records; re-create recorded ones that are gone."""
+        """Destroy instances topodra made (journalled) that no entry records; leave everyone else's;
+        re-create recorded ones that are gone."""
         if self.instances is None:
             return Recovered(data)
         recorded = [d.mig for e in data.claims.values() for d in e.devices if d.mig is not None]
+        intents = self.journal.keys()
         parents = sorted({str(d.attributes["parentUUID"].value) for d in devices.values()
-                          if d.kind == "mig" and "parentUUID" in d.attributes} | {r.parent_uuid for r in recorded})
+                          if d.kind == "mig" and "parentUUID" in d.attributes}
+                         | {r.parent_uuid for r in recorded} | {k[0] for k in intents})
         if not parents:
             return Recovered(data)
         try:
-            stray = self.instances.reconcile(parents, recorded)
+            stray, _foreign = self.instances.reconcile(parents, recorded, intents)
             present = {i.key for i in self.instances.existing(parents)}
         except Exception as e:  # NVML failed (any NVMLError): prepared claims keep working; next start retries
             log.error("cannot reconcile MIG instances: %s", e)
             return Recovered(data)
+        # Settled: the journal now holds exactly the recorded instances that exist (those of a checkpoint
+        # written before the journal existed join it, so their unprepare is covered too).
+        self.journal.settle({r.placement_key for r in recorded if r.key in present and min(r.start, r.profile_id) >= 0})
         remade: list[str] = []
         for entry in list(data.claims.values()):
             if not any(d.mig is not None and d.mig.key not in present for d in entry.devices):

@@ -137,8 +137,9 @@ class Plugin:
 
             kube = Kube.from_kubeconfig(str(cfg.kubeconfig) if cfg.kubeconfig else None)
             stack.callback(kube.close)
-            state = build_state(cfg, inventory, observer,
-                                mig=MigInstances(self.backend().nvml, proc_root=str(cfg.nvidia_proc_root)),
+            mig = MigInstances(self.backend().nvml, proc_root=str(cfg.nvidia_proc_root))
+            stack.callback(mig.close)  # its NVML session lasts as long as the plugin
+            state = build_state(cfg, inventory, observer, mig=mig,
                                 timeslice_control=control_for(self.backend().nvml, driver_root=driver_root(cfg)),
                                 host=host_driver(cfg))
             self.state = state

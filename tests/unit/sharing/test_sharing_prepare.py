@@ -14,11 +14,12 @@ from testkit.rigs import run_child
 from topodra import checkpoint, effects
 from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
 from topodra.devices import Device
+from topodra.effects.migjournal import MigJournal
 from topodra.hardware import load_backend
 from topodra.hardware.mock import FakeNvml
 from topodra.hardware.mockmig import mig_uuid
 from topodra.inventory import Inventory
-from topodra.sharing.instances import MigInstances
+from topodra.sharing.instances import MigInstances, placement_key
 from topodra.sharing.mig import placement_of
 from topodra.state import CRASH_EXIT_CODE, DeviceState
 
@@ -92,8 +93,10 @@ def test_restart_destroys_instances_no_claim_records(tmp_path: Path) -> None:
     devices, nvml = hardware(tmp_path)
     st = state(tmp_path, devices, nvml)
     assert st.prepare([claim("keep", "gpu-1-mig-2g-20gb-2")])["keep"].error == ""
-    # An instance made by a prepare that died before its checkpoint write.
-    stray = MigInstances(nvml).create(placement_of(next(d for d in devices if d.name == "gpu-1-mig-1g-10gb-0")))
+    # An instance made by a prepare that died before its checkpoint write (its intent journalled first).
+    p = placement_of(next(d for d in devices if d.name == "gpu-1-mig-1g-10gb-0"))
+    MigJournal(tmp_path / "state").record([placement_key(p)])
+    stray = MigInstances(nvml).create(p)
     report = state(tmp_path, devices, nvml).last_recovery
     assert report.mig_destroyed == [f"{stray.parent_uuid}/{stray.gpu_instance}"]
     assert [(g.profileId, g.start) for g in nvml.mig_instances()[stray.parent_uuid]] == [(14, 2)]
