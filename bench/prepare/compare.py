@@ -13,19 +13,17 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.paths import REPO
 from bench.prepare.claims import Claim, make_claims, release_claims
 from bench.prepare.common import DRIVER, NODE, BenchError, R, log, wait_until
 from bench.prepare.cycles import CycleChecker, Scenario, drive, first_cycle, health_stream
 from bench.prepare.other import OTHER_CLASS, OTHER_NODE, OtherPlugin
-from bench.prepare.plugin import BenchPlugin, RssSampler, Sample, memory_point, server_totals
+from bench.prepare.plugin import BenchPlugin, RssSampler, Sample, memory_point, nodes_with_gpu_class, server_totals
 from testkit import cluster as localcluster
 from testkit.kubeletstub import KubeletStub
 
@@ -157,10 +155,7 @@ def compare_bench(args: argparse.Namespace, lc: localcluster.Cluster, workdir: P
 
 
 def _compare(args: argparse.Namespace, lc: localcluster.Cluster, kube: Kube, workdir: Path) -> dict[str, Any]:
-    lc.create_fake_nodes([NODE, OTHER_NODE])
-    subprocess.run([str(Path(lc.meta()["bin_dir"]) / "kubectl"), f"--kubeconfig={lc.admin_kubeconfig}",
-                    "apply", "-f", str(REPO / "deviceclasses/gpu.topodra.io.yaml")],
-                   check=True, capture_output=True)
+    nodes_with_gpu_class(lc, [NODE, OTHER_NODE])
     a = BenchPlugin(lc.admin_kubeconfig, workdir / "a", lc.logs / "topodra-bench-plugin.log",
                     extra_env=dict(args.plugin_env))
     b = OtherPlugin(args.compare_with, args.compare_args, lc.admin_kubeconfig, workdir / "b",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.paths import REPO
 from bench.prepare.common import HARDWARE, NODE, BenchError
 from testkit import cluster as localcluster
 from testkit.pluginproc import PluginProcess
@@ -85,3 +87,11 @@ def memory_point(sample: Sample) -> dict[str, Any]:
     return {"VmRSS_MiB": round(st["VmRSS"] / 1024, 1), "VmHWM_MiB": round(st["VmHWM"] / 1024, 1),
             "RssAnon_MiB": round(st.get("RssAnon", 0) / 1024, 1), "RssFile_MiB": round(st.get("RssFile", 0) / 1024, 1),
             "Threads": st.get("Threads", 0)}
+
+
+def nodes_with_gpu_class(lc: localcluster.Cluster, nodes: list[str]) -> None:
+    """Kubelet-less ``nodes`` for the bench's plugins, and the DeviceClass their claims name."""
+    lc.create_fake_nodes(nodes)
+    subprocess.run([str(Path(lc.meta()["bin_dir"]) / "kubectl"), f"--kubeconfig={lc.admin_kubeconfig}",
+                    "apply", "-f", str(REPO / "deviceclasses/gpu.topodra.io.yaml")],
+                   check=True, capture_output=True)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.paths import REPO
 from bench.prepare.claims import make_claims, release_claims
 from bench.prepare.common import (
     ADMIN_LABEL,
@@ -23,7 +21,7 @@ from bench.prepare.common import (
     wait_until,
 )
 from bench.prepare.cycles import CycleChecker, Scenario, health_stream, run_scenario
-from bench.prepare.plugin import BenchPlugin, RssSampler, memory_point
+from bench.prepare.plugin import BenchPlugin, RssSampler, memory_point, nodes_with_gpu_class
 from testkit import cluster as localcluster
 from testkit.kubeletstub import KubeletStub
 
@@ -41,10 +39,7 @@ def bench(args: argparse.Namespace, lc: localcluster.Cluster, workdir: Path) -> 
 
 
 def _bench(args: argparse.Namespace, lc: localcluster.Cluster, kube: Kube, workdir: Path) -> dict[str, Any]:
-    lc.create_fake_nodes([NODE])
-    subprocess.run([str(Path(lc.meta()["bin_dir"]) / "kubectl"), f"--kubeconfig={lc.admin_kubeconfig}",
-                    "apply", "-f", str(REPO / "deviceclasses/gpu.topodra.io.yaml")],
-                   check=True, capture_output=True)
+    nodes_with_gpu_class(lc, [NODE])
     plugin = BenchPlugin(lc.admin_kubeconfig, workdir, lc.logs / "topodra-bench-plugin.log",
                          extra_env=dict(args.plugin_env))
     plugin.start(wait=False)  # no kubelet registers the bench node's plugin

@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from test_health import Clock
 
 from topodra.devices import Device
 from topodra.hardware import NvmlBackend, load_backend
@@ -71,14 +72,6 @@ class Node:
 
 def kinds(observations: list[Observation]) -> set[tuple[str, str, str]]:
     return {(o.device, o.kind, o.detail) for o in observations}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 # ---------------- #8: no busy loop while a GPU is lost
