@@ -3,7 +3,10 @@
 ``cluster`` brings up the control plane once per test run; ``node_cluster`` the
 same plus containerd and a real kubelet.  Asking for ``node_cluster`` after
 ``cluster`` upgrades the running cluster (the control plane is restarted with a
-node) so the whole run shares one cluster.  Component logs are copied to
+node) so the whole run shares one cluster.  ``workload_cluster`` and
+``workload_node_cluster`` do the same with the Workload API and topology-aware
+workload scheduling turned on (``testkit.cluster.GATE_SETS``); once upgraded, the
+rest of the run keeps the gates (they change nothing for pods without a PodGroup).  Component logs are copied to
 ``.run/logs/<timestamp>`` in the repo when the session ends, pass or fail.
 """
 
@@ -18,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from testkit.cluster import Cluster
+from testkit.cluster import TOPOLOGY_SCHEDULING, WORKLOAD_API, Cluster
 from testkit.handle import ClusterHandle
 from testkit.locks import CLUSTER_LOCK_FILE
 from testkit.paths import REPO
@@ -37,6 +40,7 @@ class _Manager:
     def __init__(self) -> None:
         self.lc: Cluster | None = None
         self.with_node = False
+        self.features: frozenset[str] = frozenset()
         self.owned = False
         self._lock_fd: int | None = None
         self.leftovers: list[str] = []
@@ -47,13 +51,13 @@ class _Manager:
             self._lock_fd = os.open(CLUSTER_LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
 
-    def get(self, node: bool) -> ClusterHandle:
-        if self.lc is None or (node and not self.with_node):
-            self._start(node)
+    def get(self, node: bool, features: frozenset[str] = frozenset()) -> ClusterHandle:
+        if self.lc is None or (node and not self.with_node) or not features <= self.features:
+            self._start(node or self.with_node, features | self.features)
         assert self.lc is not None
         return ClusterHandle(self.lc, self.with_node)
 
-    def _start(self, node: bool) -> None:
+    def _start(self, node: bool, features: frozenset[str] = frozenset()) -> None:
         self._lock()
         state = os.environ.get("TOPODRA_TEST_CLUSTER_DIR") or tempfile.mkdtemp(prefix="topodra-test-cluster-")
         if self.lc is not None:
@@ -62,8 +66,8 @@ class _Manager:
         if not os.environ.get("TOPODRA_TEST_CLUSTER_DIR"):
             # A fresh temp dir: let the harness own it (it refuses non-empty foreign dirs).
             Path(state).rmdir()
-        lc.up(node=node, build=True)
-        self.lc, self.with_node, self.owned = lc, node, True
+        lc.up(node=node, build=True, features=sorted(features))
+        self.lc, self.with_node, self.features, self.owned = lc, node, features, True
 
     def _stop_cluster(self) -> None:
         if self.lc is not None and self.owned:
@@ -106,6 +110,21 @@ def node_cluster() -> Iterator[ClusterHandle]:
     yield _MANAGER.get(node=True)
 
 
+GANG_FEATURES = frozenset({WORKLOAD_API, TOPOLOGY_SCHEDULING})
+
+
+@pytest.fixture(scope="session")
+def workload_cluster() -> Iterator[ClusterHandle]:
+    """The control plane with GenericWorkload and TopologyAwareWorkloadScheduling on."""
+    yield _MANAGER.get(node=False, features=GANG_FEATURES)
+
+
+@pytest.fixture(scope="session")
+def workload_node_cluster() -> Iterator[ClusterHandle]:
+    """``workload_cluster`` plus containerd and the real kubelet."""
+    yield _MANAGER.get(node=True, features=GANG_FEATURES)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _MANAGER.stop()
     if _MANAGER.leftovers:
@@ -114,8 +133,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by tier directory; run node tests last and cluster tests before them, so the cluster is
-    upgraded at most once."""
+    """Mark tests by tier directory; run node tests last and cluster tests before them, and in each tier the
+    tests that need the workload gates last, so the cluster is restarted as few times as possible."""
     for item in items:
         try:
             rel = Path(str(item.path)).resolve().relative_to(TESTS)
@@ -126,9 +145,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
 
     def rank(item: pytest.Item) -> int:
+        gated = any(f in getattr(item, "fixturenames", ()) for f in ("workload_cluster", "workload_node_cluster"))
         if item.get_closest_marker("node"):
-            return 2
+            return 4 + gated
         if item.get_closest_marker("cluster"):
-            return 1
+            return 2 + gated
         return 0
     items.sort(key=rank)

@@ -79,6 +79,33 @@ def bin_dir(build: bool) -> Path:
 # --------------------------------------------------------------------------- cluster
 
 
+
+# Kubernetes feature gates the harness can turn on, and what each needs. Only these: a test or bench asks for a
+# capability by name and the harness knows which components take the gate and which API it serves.
+WORKLOAD_API = "workload-api"
+TOPOLOGY_SCHEDULING = "topology-scheduling"
+GATE_SETS: dict[str, tuple[str, ...]] = {
+    # Workload and PodGroup (scheduling.k8s.io/v1beta1), gang scheduling: beta, off by default in 1.37.
+    WORKLOAD_API: ("GenericWorkload",),
+    # PodGroup schedulingConstraints.topology: alpha; depends on GenericWorkload (kube_features.go).
+    TOPOLOGY_SCHEDULING: ("GenericWorkload", "TopologyAwareWorkloadScheduling"),
+}
+# Beta APIs are not served unless asked for.
+GATE_RUNTIME_CONFIG: dict[str, str] = {WORKLOAD_API: "scheduling.k8s.io/v1beta1=true",
+                                       TOPOLOGY_SCHEDULING: "scheduling.k8s.io/v1beta1=true"}
+
+
+def gate_flags(features: tuple[str, ...] | list[str]) -> tuple[list[str], list[str]]:
+    """(``--feature-gates`` args for every component, extra kube-apiserver args) for harness features."""
+    unknown = [f for f in features if f not in GATE_SETS]
+    if unknown:
+        raise ClusterError(f"unknown harness feature(s) {unknown}; known: {sorted(GATE_SETS)}")
+    gates = sorted({g for f in features for g in GATE_SETS[f]})
+    runtime = sorted({GATE_RUNTIME_CONFIG[f] for f in features if f in GATE_RUNTIME_CONFIG})
+    common = [f"--feature-gates={','.join(f'{g}=true' for g in gates)}"] if gates else []
+    api = common + ([f"--runtime-config={','.join(runtime)}"] if runtime else [])
+    return common, api
+
 @dataclass
 class Cluster:
     state_dir: Path = field(default_factory=default_state_dir)
@@ -142,6 +169,11 @@ class Cluster:
         tmp = self.meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2))
         tmp.replace(self.meta_path)
+
+    @property
+    def features(self) -> list[str]:
+        """The harness features (``GATE_SETS`` keys) this cluster was started with."""
+        return list(self.meta().get("features") or [])
 
     def running(self) -> dict[str, int]:
         return {n: p for n, p in (self.meta().get("pids") or {}).items() if pid_alive(p)}
@@ -228,10 +260,14 @@ class Cluster:
                 raise ClusterError(f"a containerd already serves {self.containerd_sock}")
 
     def up(self, node: bool = False, fake_nodes: int = 0, build: bool = True,
-           scheduler_config: dict[str, Any] | None = None, scheduler_extender: str | None = None) -> None:
+           scheduler_config: dict[str, Any] | None = None, scheduler_extender: str | None = None,
+           features: tuple[str, ...] | list[str] = ()) -> None:
         """Start the cluster. ``scheduler_config`` (a KubeSchedulerConfiguration without
-        clientConnection) and ``scheduler_extender`` (a prioritize-only extender URL) shape kube-scheduler."""
+        clientConnection) and ``scheduler_extender`` (a prioritize-only extender URL) shape kube-scheduler;
+        ``features`` (``WORKLOAD_API``, ``TOPOLOGY_SCHEDULING``) turn on Kubernetes feature gates on the
+        apiserver, controller-manager and scheduler (``GATE_SETS``)."""
         t0 = time.monotonic()
+        gate_flags(features)  # an unknown name fails before anything starts
         if node and not self.ports.is_default:
             raise ClusterError("a cluster on private ports cannot run a node: the kubelet's ports, "
                                f"{KUBELET_ROOT} and containerd's state are host-wide (use fake nodes)")
@@ -242,7 +278,8 @@ class Cluster:
         self.preflight(node)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._save({"pids": {}, "bin_dir": str(bins), "node": node, "node_name": self.node_name,
-                    "started": time.time(), "ports": dataclasses.asdict(self.ports)})
+                    "started": time.time(), "ports": dataclasses.asdict(self.ports),
+                    "features": sorted(set(features))})
         try:
             self._up_control_plane(bins, scheduler_config, scheduler_extender)
             log(f"control plane ready in {time.monotonic() - t0:.1f}s")
@@ -260,6 +297,7 @@ class Cluster:
 
     def _up_control_plane(self, bins: Path, scheduler_config: dict[str, Any] | None = None,
                           scheduler_extender: str | None = None) -> None:
+        common_gates, api_gates = gate_flags(self.features)
         write_pki(self.pki, self.node_name)
         for ident in ("admin", "kube-controller-manager", "kube-scheduler", "node"):
             write_kubeconfig(self.state_dir / f"{ident}.kubeconfig", self.pki, ident, self.ports.apiserver)
@@ -289,7 +327,7 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
             "--allow-privileged=true", "--storage-media-type=application/vnd.kubernetes.protobuf",
-            "--profiling=false", "--v=1"])
+            "--profiling=false", "--v=1", *api_gates])
         self._wait("kube-apiserver", lambda: self._https_ok(self.ports.apiserver, "/readyz"), 120)
         common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "--v=1"]
         self.start_process("kube-controller-manager", [
@@ -301,7 +339,7 @@ class Cluster:
             "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
             # Kubelet-less fake nodes never heartbeat: a long grace period keeps them Ready while the
             # node lifecycle controller still removes the not-ready taint as on a real cluster.
-            "--node-monitor-grace-period=8760h", "--controllers=*"])
+            "--node-monitor-grace-period=8760h", "--controllers=*", *common_gates])
         self._start_scheduler(bins, scheduler_config, scheduler_extender)
         self._wait("kube-controller-manager", lambda: self._https_ok(self.ports.controller_manager, "/healthz"), 90)
         self._wait("kube-scheduler", lambda: self._https_ok(self.ports.scheduler, "/healthz"), 90)
@@ -316,7 +354,8 @@ class Cluster:
         kubeconfig = self.state_dir / "kube-scheduler.kubeconfig"
         argv = [str(bins / "kube-scheduler"), "--bind-address=127.0.0.1", f"--secure-port={self.ports.scheduler}",
                 "--profiling=false", "--v=1",
-                f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}"]
+                f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+                *gate_flags(self.features)[0]]
         meta = self.meta()
         if scheduler_config is None and not scheduler_extender:
             argv += ["--leader-elect=false", f"--kubeconfig={kubeconfig}"]
@@ -639,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="add topodra's placement scorer at URL as a prioritize-only, ignorable extender")
     up.add_argument("--kueue", action="store_true",
                     help="also run Kueue's controller-manager (webhooks on 127.0.0.1:9443, see testkit/kueue.py)")
+    up.add_argument("--workload-api", action="store_true",
+                    help="turn on GenericWorkload (gang scheduling; Workload/PodGroup at scheduling.k8s.io/v1beta1)")
+    up.add_argument("--topology-scheduling", action="store_true",
+                    help="also turn on TopologyAwareWorkloadScheduling (PodGroup schedulingConstraints.topology)")
     down = sub.add_parser("down", help="stop everything this harness started and remove its state")
     down.add_argument("--keep-logs", action="store_true", help="copy component logs aside before removing state")
     sub.add_parser("status", help="say what is running")
@@ -657,7 +700,9 @@ def main(argv: list[str] | None = None) -> int:
                 except (OSError, yaml.YAMLError) as e:
                     raise ClusterError(f"cannot read scheduler config {args.scheduler_config}: {e}") from None
             c.up(node=args.node, fake_nodes=args.fake_nodes, build=not args.no_build,
-                 scheduler_config=sched_cfg, scheduler_extender=args.scheduler_extender)
+                 scheduler_config=sched_cfg, scheduler_extender=args.scheduler_extender,
+                 features=[f for f, on in ((WORKLOAD_API, args.workload_api),
+                                           (TOPOLOGY_SCHEDULING, args.topology_scheduling)) if on])
             if args.kueue:
                 try:
                     kueue.start(c, webhook_port=kueue.WEBHOOK_PORT, health_port=kueue.HEALTH_PORT)
