@@ -1,12 +1,14 @@
 """Fabric tiers as node labels on the real apiserver: ``topodra simulate`` of a small fabric file, a Node that
-Topograph labelled first, and the real ``NodeLabeler`` with a real pod-bound plugin token through the chart's
-own-node admission policy (new keys allowed, a foreign key refused, Topograph's keys never touched).
+Topograph labelled first, the real ``NodeLabeler`` with a real pod-bound plugin token through the chart's
+own-node admission policy (new keys allowed, a foreign key refused, Topograph's keys never touched), and the
+plugin process (kubelet-less, private directories) taking the tiers from Topograph and --hardware-config.
 
 Split by tier; the rest: tests/unit/nodelabels/test_fabric_labels.py, tests/unit/slices/test_fabric_cluster_files.py.
 """
 
 from __future__ import annotations
 
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 import yaml
 from testkit.handle import ClusterHandle, wait_for
 from testkit.nodes import devices, label, labels_of
+from testkit.pluginproc import PluginProcess
 
 from topodra.apipaths import node_path
 from topodra.kube import Kube, SimpleConfig, Urllib3Transport
@@ -143,3 +146,49 @@ def test_the_plugins_labeler_mirrors_topograph_through_the_own_node_policy(clust
         for n in (here, there):
             nc.kube.delete(node_path(n))
         nc.kube.delete(f"/api/v1/namespaces/{ns}")
+
+
+@pytest.mark.cluster
+def test_the_plugin_process_takes_each_tier_from_topograph_else_its_hardware_config(cluster: ClusterHandle,
+                                                                                    tmp_path: Path) -> None:
+    """The whole path: --hardware-config parsed, SIGHUP re-read, the labeler; no kubelet needed for labels."""
+    name = f"fabproc-{uuid.uuid4().hex[:6]}"
+    topograph = {"fabric.topograph.run/tier-0": "ib-leaf-3", "network.topology.nvidia.com/core": "old-core"}
+    cluster.fake_nodes([name], {**topograph, "team": "p"})
+    hw = tmp_path / "hardware.yaml"
+    hw.write_text("leafGroup: cfg-leaf\nscalableUnit: cfg-su\nspineGroup: cfg-sg\n")
+    proc = PluginProcess(cluster.kubeconfig, name, tmp_path / "plugin.log", extra_env={
+        "TOPODRA_HARDWARE_CONFIG": str(hw)}, plugin_dir=tmp_path / "plugin", registry_dir=tmp_path / "registry",
+        cdi_root=tmp_path / "cdi", inherit_topodra_env=False)
+
+    def synced(want: dict[str, str | None]) -> dict[str, str] | None:
+        have = labels_of(cluster, name)
+        return have if all(have.get(k) == v for k, v in want.items()) else None
+
+    def sighup(text: str) -> None:
+        hw.write_text(text)
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGHUP)
+
+    try:
+        proc.start(wait=False)
+        # Per key: the leaf from Topograph v1.0, the unit from the config (Topograph gave none), the spine
+        # group from Topograph v0.5's core.
+        wait_for(lambda: synced({LEAF_GROUP: "ib-leaf-3", SCALABLE_UNIT: "cfg-su", SPINE_GROUP: "old-core",
+                                 GPU_COUNT: "8", "team": "p", **topograph}), 60, "tiers from both sources")
+        # A bad name: refused with the file and the key named, the previous labels kept.
+        sighup("leafGroup: '///'\nscalableUnit: cfg-su2\n")
+        wait_for(lambda: "leafGroup: cannot make a label value of '///'" in proc.tail(200), 60,
+                 "the plugin to log the refused leafGroup")
+        assert synced({SCALABLE_UNIT: "cfg-su", LEAF_GROUP: "ib-leaf-3"}), labels_of(cluster, name)
+        # Topograph drops the core tier; the config's spine group takes over on the next relabel.
+        cluster.kube.merge_patch(node_path(name), label("network.topology.nvidia.com/core", None))
+        sighup("scalableUnit: cfg-su2\nspineGroup: cfg-sg2\n")
+        have = wait_for(lambda: synced({SCALABLE_UNIT: "cfg-su2", SPINE_GROUP: "cfg-sg2", LEAF_GROUP: "ib-leaf-3"}),
+                        60, "the new config under Topograph's leaf")
+        assert have["fabric.topograph.run/tier-0"] == "ib-leaf-3" and "network.topology.nvidia.com/core" not in have
+        assert proc.metric("topodra_plugin_node_label_failures_total") == 0.0
+        assert proc.stop() == 0, proc.tail()
+    finally:
+        proc.stop()
+        cluster.kube.delete(node_path(name))
