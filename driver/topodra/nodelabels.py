@@ -7,8 +7,10 @@ affinity, Kueue topology-aware scheduling).  From a node's discovered devices:
 * ``topodra.io/gpu-count``: how many GPUs the node has;
 * ``topodra.io/nvlink-clique``: the multi-node NVLink domain (GB200/GB300 NVL: ``<clusterUUID>.<cliqueId>``),
   shared by every tray of one NVL72 partition; absent on nodes whose NVLink stays inside the node;
-* ``topodra.io/rail-group`` / ``topodra.io/scalable-unit``: from the admin's configuration (cabling is not
-  visible from the node).
+* ``topodra.io/rail-group``: from the admin's configuration (cabling is not visible from the node);
+* the fabric tiers, finest first, ``topodra.io/leaf-group`` / ``topodra.io/scalable-unit`` /
+  ``topodra.io/spine-group``: mirrored from Topograph's labels, else the admin's configuration
+  (``topodra.fabric`` holds that rule).
 
 ``label_patch`` turns the wanted labels into a merge patch that also removes our labels that no longer
 apply (a GPU fell off the bus, the fabric changed), and touches no other label.
@@ -27,11 +29,14 @@ GPU_MODEL = PREFIX + "gpu-model"
 GPU_COUNT = PREFIX + "gpu-count"
 NVLINK_CLIQUE = PREFIX + "nvlink-clique"
 RAIL_GROUP = PREFIX + "rail-group"
+# Fabric tiers, finest first: behind the same leaf switches / under one spine group (SU) / one core block.
+LEAF_GROUP = PREFIX + "leaf-group"
 SCALABLE_UNIT = PREFIX + "scalable-unit"
+SPINE_GROUP = PREFIX + "spine-group"
 # Read from the hardware by discovery: always ours to set and to remove.
 DISCOVERED = (GPU_MODEL, GPU_COUNT, NVLINK_CLIQUE)
-# Given by the admin (cabling is not visible from the node): ours only where the admin gives them to us.
-CONFIGURED = (RAIL_GROUP, SCALABLE_UNIT)
+# Given by the admin or Topograph (cabling is not visible from the node): ours only where a source gives them.
+CONFIGURED = (RAIL_GROUP, LEAF_GROUP, SCALABLE_UNIT, SPINE_GROUP)
 MANAGED = DISCOVERED + CONFIGURED
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 

@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.apipaths import node_path, slices_path
 from topodra.devices import Device
+from topodra.fabric import TIERS, fabric_labels
+from topodra.fabricfile import ClusterFabric, GroupFabric, check_nesting, group_tiers
 from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
 from topodra.nodelabels import node_labels
@@ -56,6 +58,7 @@ class NodeGroup(BaseModel):
         default=None, alias="nodesPerRack", ge=1,
         description="multi-node NVLink: consecutive nodes form a rack sharing one fabric clusterUUID")
     start_index: int = Field(default=0, alias="startIndex", ge=0)
+    fabric: GroupFabric | None = Field(default=None, description="leaf group / scalable unit / spine group")
 
 
 class SimulatedCluster(BaseModel):
@@ -65,6 +68,7 @@ class SimulatedCluster(BaseModel):
     kind: str = "SimulatedCluster"
     driver_name: str = Field(default=DEFAULT_DRIVER_NAME, alias="driverName")
     groups: list[NodeGroup] = Field(min_length=1)
+    fabric: ClusterFabric | None = Field(default=None, description="uniform tiers over the nodes in file order")
 
     @model_validator(mode="after")
     def _check(self) -> SimulatedCluster:
@@ -74,10 +78,23 @@ class SimulatedCluster(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"node names occur more than once: {dupes[:5]}")
+        if self.fabric is not None and any(g.fabric is not None for g in self.groups):
+            raise ValueError("declare the fabric once for the file or per group, not both")
+        for g in self.groups:
+            given = set(g.labels) & set(TIERS)
+            if given and (self.fabric is not None or g.fabric is not None):
+                raise ValueError(f"group {g.name_prefix}: {sorted(given)} set both in labels and by fabric")
+        check_nesting([(n, {**g.labels, **t}) for (n, g), t in zip(self.expand(), self.tiers(), strict=True)])
         return self
 
     def expand(self) -> list[tuple[str, NodeGroup]]:
         return [(f"{g.name_prefix}{g.start_index + k}", g) for g in self.groups for k in range(g.count)]
+
+    def tiers(self) -> list[dict[str, str]]:
+        """The fabric tiers ``fabric`` declares for each node, in ``expand()`` order."""
+        if self.fabric is not None:
+            return [self.fabric.tiers(i) for i in range(sum(g.count for g in self.groups))]
+        return [t for per_group in group_tiers([(g.count, g.fabric) for g in self.groups]) for t in per_group]
 
 
 class SimNode(BaseModel):
@@ -99,13 +116,16 @@ def load_cluster(path: str | Path) -> SimulatedCluster:
 
 
 def plan(cluster: SimulatedCluster) -> list[SimNode]:
-    """Pure: every node with its profile, labels and overrides (racks get a shared fabric UUID)."""
+    """Pure: every node with its profile, labels (fabric tiers included) and overrides (racks get a shared
+    fabric UUID)."""
     out = []
+    tiers = iter(cluster.tiers())
     for g in cluster.groups:
         for k in range(g.count):
             name = f"{g.name_prefix}{g.start_index + k}"
             ov = dict(g.overrides)
-            labels = {"topodra.io/profile": g.profile.rsplit("/", 1)[-1].removesuffix(".yaml"), **g.labels}
+            labels = {"topodra.io/profile": g.profile.rsplit("/", 1)[-1].removesuffix(".yaml"), **g.labels,
+                      **next(tiers)}
             if g.nodes_per_rack:
                 rack = f"{g.name_prefix}rack{k // g.nodes_per_rack}"
                 ov.setdefault("clusterUUID", str(uuid.uuid5(RACK_NAMESPACE, rack)))
@@ -143,9 +163,17 @@ def fake_node_status(name: str, cpu: str = "128", memory: str = "2Ti", pods: str
                      "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}}
 
 
+def with_fabric(current: dict[str, str], labels: dict[str, str]) -> dict[str, str]:
+    """``labels`` (the file's) with its fabric tiers resolved: Topograph's labels on the Node as it is, or in
+    the file, win over the file's tier names (``topodra.fabric``); foreign keys are only ever read."""
+    fabric = fabric_labels({**current, **labels}, cluster_file={k: labels[k] for k in TIERS if k in labels})
+    return {**labels, **fabric.labels}
+
+
 def ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
     """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready."""
     existing = kube.get(node_path(name))
+    labels = with_fabric((existing or {}).get("metadata", {}).get("labels") or {}, labels)
     if existing is None:
         kube.create(node_path(), fake_node(name, labels))
     elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
@@ -169,7 +197,8 @@ class Simulation:
         devices = {n.name: discover(n) for n in self.nodes}  # CPU-bound: threads would only contend
         t1 = time.monotonic()
         with ThreadPoolExecutor(API_WORKERS) as pool:
-            # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win.
+            # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win,
+            # except that Topograph's tiers on an existing Node win over the file's tier names.
             list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}),
                           self.nodes))
         for n in self.nodes:

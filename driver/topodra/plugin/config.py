@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.health.policy import NO_EXECUTE_NAMES
+from topodra.nodelabels import label_value
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 POD_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,62}$")
@@ -94,11 +95,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("health_no_execute", "comma list of health conditions that evict (NoExecute instead of NoSchedule): "
          "XID codes, gpu-lost, recovery-action (default none, as NVIDIA's DRA driver)", "LIST"),
     Flag("node_labels", "true: keep this node's topodra.io/ labels (gpu-model, gpu-count, nvlink-clique; "
-         "scalable-unit and rail-group from --hardware-config's scalableUnit/railGroup) in sync with discovery; "
+         "leaf-group, scalable-unit and spine-group from Topograph's labels, else --hardware-config's "
+         "leafGroup/scalableUnit/spineGroup; rail-group from railGroup) in sync with discovery; "
          "false: never write the Node (default true)", "BOOL"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
-NODE_LABEL_KEYS = {"scalableUnit": "scalable_unit", "railGroup": "rail_group"}
+NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
+                   "railGroup": "rail_group"}
 
 
 class PluginConfig(BaseModel):
@@ -195,8 +198,8 @@ class PluginConfig(BaseModel):
         return None if data is None else {k: v for k, v in data.items() if k not in NODE_LABEL_KEYS}
 
     def topology_labels(self) -> dict[str, str] | None:
-        """``scalable_unit`` / ``rail_group`` from --hardware-config; None without a file (then the plugin
-        leaves those labels to the admin)."""
+        """``leaf_group`` / ``scalable_unit`` / ``spine_group`` / ``rail_group`` from --hardware-config; None
+        without a file (then the plugin leaves those labels to Topograph and the admin)."""
         data = self._hardware_config_file()
         if data is None:
             return None
@@ -208,6 +211,10 @@ class PluginConfig(BaseModel):
             if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
                 raise ConfigError(f"--hardware-config {self.hardware_config}: {key} must be a non-empty "
                                   f"string, got {value!r}")
+            try:  # refused here, at start or re-read, rather than on every label sync
+                label_value(str(value))
+            except ValueError as e:
+                raise ConfigError(f"--hardware-config {self.hardware_config}: {key}: {e}") from None
             out[name] = str(value)
         return out
 

@@ -95,11 +95,11 @@ class Plugin:
         except Exception as e:
             log.error("re-discovery failed node=%s, keeping the previous devices: %s", self.cfg.node_name, e)
             return
-        if self.labeler is not None:  # the admin's scalable unit / rail group may have changed with the file
+        if self.labeler is not None:  # the admin's fabric tiers / rail group may have changed with the file
             try:
                 self.labeler.topology_changed(self.cfg.topology_labels())
             except ConfigError as e:
-                log.error("node labels node=%s: keeping the previous scalable unit / rail group: %s",
+                log.error("node labels node=%s: keeping the previous fabric tiers / rail group: %s",
                           self.cfg.node_name, e)
         old = {d.name for d in self.inventory.devices}
         if not self.inventory.set(devices):

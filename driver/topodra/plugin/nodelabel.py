@@ -1,15 +1,17 @@
 """The kubelet plugin keeps the ``topodra.io/`` labels of its own Node in sync with discovery.
 
-Pure part: ``wanted_labels`` (devices + the admin's topology → labels and the keys we own) and
-``node_patch`` (the Node as it is → JSON merge patch, or None when nothing differs).  Labels of other
-prefixes are never in a patch; of ours, only the owned keys are removed: the discovered ones always, the
-admin's (scalable unit, rail group) only when the plugin has a --hardware-config to take them from, so a
-unit an admin set by hand with kubectl stays.
+Pure part: ``wanted_labels`` (devices + the admin's topology + the Node's current labels → labels and the
+keys we own) and ``node_patch`` (the Node as it is → JSON merge patch, or None when nothing differs).  Labels
+of other prefixes are never in a patch; of ours, only the owned keys are removed: the discovered ones always,
+the admin's (fabric tiers, rail group) only when the plugin has a --hardware-config to take them from, so a
+unit an admin set by hand with kubectl stays.  The fabric tiers follow Topograph's labels on the Node first
+(``topodra.fabric``), so the Node is read before the wanted labels are known.
 
 Effect part: ``NodeLabeler``, one thread.  The inventory subscriber only records what is wanted and wakes
 the thread, so no API call runs under the inventory's or the prepare state's locks.  The thread reads the
 Node and patches the difference; a failure is logged, reported (``on_result``) and retried with
-exponential backoff while the plugin keeps serving.  A periodic resync repairs labels edited by others.
+exponential backoff while the plugin keeps serving.  A periodic resync repairs labels edited by others and
+picks up a Topograph label that changed.
 """
 
 from __future__ import annotations
@@ -23,14 +25,27 @@ from typing import Any
 
 from topodra.apipaths import node_path
 from topodra.devices import Device
+from topodra.fabric import fabric_labels
 from topodra.kube import Kube, KubeError
-from topodra.nodelabels import CONFIGURED, DISCOVERED, label_patch, node_labels
+from topodra.nodelabels import (
+    DISCOVERED,
+    LEAF_GROUP,
+    RAIL_GROUP,
+    SCALABLE_UNIT,
+    SPINE_GROUP,
+    label_patch,
+    node_labels,
+)
 
 log = logging.getLogger(__name__)
 
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 300.0
 RESYNC_SECONDS = 600.0
+
+
+# --hardware-config's tier names (as PluginConfig.topology_labels gives them) -> topodra keys.
+_TIER_NAMES = {"leaf_group": LEAF_GROUP, "scalable_unit": SCALABLE_UNIT, "spine_group": SPINE_GROUP}
 
 
 @dataclass(frozen=True)
@@ -41,14 +56,20 @@ class Wanted:
     managed: frozenset[str]
 
 
-def wanted_labels(devices: Iterable[Device], topology: Mapping[str, str] | None) -> Wanted:
-    """Labels from discovery plus ``topology`` (``scalable_unit`` / ``rail_group``; None: not ours to manage).
+def wanted_labels(devices: Iterable[Device], topology: Mapping[str, str] | None,
+                  current: Mapping[str, str] | None = None) -> Wanted:
+    """Labels from discovery, ``current`` (the Node's labels: Topograph's tiers) and ``topology``
+    (``leaf_group`` / ``scalable_unit`` / ``spine_group`` / ``rail_group``; None: not ours to manage).
 
     ValueError when an admin value cannot be a label value.
     """
     topo = topology or {}
-    labels = node_labels(devices, scalable_unit=topo.get("scalable_unit"), rail_group=topo.get("rail_group"))
-    managed = frozenset(DISCOVERED) | (frozenset(CONFIGURED) if topology is not None else frozenset())
+    configured = None if topology is None else {
+        key: topo[name] for name, key in _TIER_NAMES.items() if topo.get(name)}
+    fabric = fabric_labels(current or {}, hardware_config=configured)
+    labels = {**node_labels(devices, rail_group=topo.get("rail_group")), **fabric.labels}
+    rail = frozenset({RAIL_GROUP}) if topology is not None else frozenset()
+    managed = frozenset(DISCOVERED) | fabric.owned | rail
     return Wanted(labels, managed)
 
 
@@ -105,22 +126,23 @@ class NodeLabeler:
             self._topology = new
         self._wake.set()
 
-    def wanted(self) -> Wanted:
+    def wanted(self, current: Mapping[str, str] | None = None) -> Wanted:
+        """What this Node should carry, given its ``current`` labels (Topograph's tiers win)."""
         with self._lock:
             devices, topology = self._devices, self._topology
-        return wanted_labels(devices, topology)
+        return wanted_labels(devices, topology, current)
 
     def sync(self) -> dict[str, Any] | None:
         """One pass: read the Node, patch what differs; returns the patch sent (None: nothing to do)."""
-        try:
-            wanted = self.wanted()
-        except ValueError as e:
-            raise LabelError(f"cannot label node {self._node}: {e}") from e
         path = node_path(self._node)
         try:
             node = self._kube.get(path)
             if node is None:
                 raise LabelError(f"node {self._node} does not exist")
+            try:
+                wanted = self.wanted((node.get("metadata") or {}).get("labels") or {})
+            except ValueError as e:
+                raise LabelError(f"cannot label node {self._node}: {e}") from e
             patch = node_patch(node, wanted)
             if patch is not None:
                 self._kube.merge_patch(path, patch)
