@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 import urllib.request
@@ -339,8 +340,6 @@ def run_publisher(lc: localcluster.Cluster, sub: Path, n: int, window: float) ->
 
 
 def _drain(p: subprocess.Popen[str]) -> Any:
-    import threading
-
     stop = threading.Event()
 
     def run() -> None:
@@ -528,7 +527,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (a timeout, a Ctrl-C'd wrapper) unwinds like an exception, so every cluster is torn down."""
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    old = signal.getsignal(signal.SIGTERM)
+    _exit_on_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, old)  # a caller (pytest) keeps its own handling
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     try:
         cluster = load_cluster(args.cluster)
