@@ -43,6 +43,12 @@ def _schedule_throughput(argv: list[str]) -> int:
     return main(argv)
 
 
+def _scale(argv: list[str]) -> int:
+    from bench.scale.main import main
+
+    return main(argv)
+
+
 def _inventory(argv: list[str]) -> int:
     from bench.inventory.main import main
 
@@ -90,6 +96,7 @@ BENCHES: dict[str, tuple[Main, str]] = {
     "cel_engines": (_cel_engines, "the scorer's CEL evaluator against CEL libraries (no cluster; libraries by hand)"),
     "schedule_throughput": (_schedule_throughput, "kube-scheduler pods/s at 500 nodes x 8 GPUs (root)"),
     "simulate": (_simulate, "topodra simulate --once on 50 nodes / 400 GPUs, quiet and loaded"),
+    "scale": (_scale, "every part from 64 to 2,048 nodes: simulate, etcd, scheduler, scorer, controller, inventory"),
     "inventory": (_inventory, "topodra inventory (table, -o json/yaml, --png) as an operator runs it"),
     "kueue_latency": (_kueue_latency, "job creation to GPUs allocated, with and without Kueue (root)"),
 }

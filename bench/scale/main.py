@@ -1,0 +1,590 @@
+"""``bench/run scale``: how every part of topodra grows from 64 to 2,048 nodes (512 to 16,384 GPUs).
+
+One run measures each row at every size of ``--sizes`` (default 64, 256, 512, 1,024, 2,048 nodes: the first
+N nodes of ``hack/clusters/superpod-16k.yaml``, whole scalable units, four GPU models). Per size a private
+local cluster (``testkit.cluster.Cluster.private``: own state, free ports, its own lock, so it never waits for
+a test session) is started, measured and always torn down; the scheduler row starts its own clusters
+(``bench/schedule_throughput``'s scenario runner) because it needs a stopped scheduler and fresh nodes.
+
+Rows (``--rows``):
+
+* ``simulate``: ``topodra simulate FILE --once`` wall time and its publishing time; kube-apiserver requests and
+  request/response bytes during it (the apiserver's own metrics).
+* ``etcd``: ResourceSlices stored, their devices and bytes (compact JSON, as watchers get them) and etcd's
+  database size (``etcd_mvcc_db_total_size_in_bytes``).
+* ``inventory``: ``topodra inventory`` as a table, ``-o json`` and ``--png`` (median of ``--runs`` runs).
+* ``controller``: one ClaimProfile availability pass in process (list slices, claims, classes, nodes and taint
+  rules, build the fleet snapshot, evaluate ``PROFILES``): process CPU and wall time.
+* ``scorer``: the placement scorer's view built from the listed objects, filled to ~50% with first-fit claims
+  (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes; the view's
+  Python heap (``tracemalloc``).
+* ``publisher``: ``topodra simulate`` left running with the kubelet plugin's resync period (10 s) for
+  ``--publisher-window`` seconds after its first pass; apiserver requests per node per hour.
+* ``scheduler``: kube-scheduler pods/s (10-90% slope) for N 1-GPU and N/8 8-GPU claims on N DGX-H100 nodes, with
+  topodra's slices (``full``) and stripped slices (``stripped``: type, model, nvlinkDomain, rail only), each
+  without and with the scorer.
+
+Each curve gets a fit (``bench/scale/fit.py``): the log-log exponent decides "at most linear". Targets are
+issue 22's, checked at the largest size measured. Writes JSON, a Markdown table and one PNG per curve into
+``bench/results/scale/`` (``--out-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import re
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+from bench.paths import REPO, result_file, utc_stamp
+from bench.scale.clusters import first_nodes
+from bench.scale.fit import growth
+from testkit import cluster as localcluster
+from testkit.locks import cluster_lock, instance_lock_file
+
+from topodra import DEFAULT_DRIVER_NAME as DRIVER
+from topodra.apipaths import claim_path, device_class_path, node_path, slices_path
+from topodra.controller.availability import profile_availability
+from topodra.controller.operator import ControllerConfig, SnapshotCache
+from topodra.controller.profile import ClaimProfile
+from topodra.fleet.fgd import DEFAULT_PRIOR
+from topodra.fleet.state import ClusterState
+from topodra.kube import Kube, KubeError, Obj
+from topodra.simulate import SimulatedCluster, load_cluster
+
+INSTANCE = "bench-scale"
+CLUSTER_FILE = REPO / "hack" / "clusters" / "superpod-16k.yaml"
+SIZES = (64, 256, 512, 1024, 2048)
+ROWS = ("simulate", "etcd", "inventory", "controller", "scorer", "publisher", "scheduler")
+PLUGIN_RESYNC_S = 10.0  # SlicePublisher's default resync, what every kubelet plugin runs with
+
+# Issue 22's targets, at 2,048 nodes on the 2-core machine: (row, metric) -> (comparison, bound, what).
+TARGETS: dict[tuple[str, str], tuple[str, float, str]] = {
+    ("simulate", "wall_s"): ("<=", 20.0, "simulate <= 20 s"),
+    ("scorer", "cpu_p99_ms"): ("<=", 5.0, "scorer CPU p99 <= 5 ms"),
+    ("scorer", "view_mib"): ("<=", 300.0, "scorer cache <= 300 MiB"),
+    ("controller", "cpu_s"): ("<=", 1.0, "controller pass <= 1 s CPU"),
+    ("inventory", "json_s"): ("<=", 1.5, "inventory -o json <= 1.5 s"),
+    ("inventory", "png_s"): ("<=", 3.0, "inventory --png <= 3 s"),
+    ("scheduler", "stripped_ratio"): (">=", 0.9, "topodra's slices >= 0.9x of stripped slices"),
+    ("scheduler", "scorer_ratio"): (">=", 0.8, "with the scorer >= 0.8x of without"),
+}
+# The curves a fit is made for: (row, metric) of the per-size results.
+CURVES: tuple[tuple[str, str], ...] = (
+    ("simulate", "wall_s"), ("simulate", "publish_s"), ("simulate", "requests"), ("simulate", "request_bytes"),
+    ("etcd", "slices"), ("etcd", "slice_bytes"), ("etcd", "db_bytes"),
+    ("inventory", "table_s"), ("inventory", "json_s"), ("inventory", "png_s"),
+    ("controller", "cpu_s"), ("scorer", "cpu_p99_ms"), ("scorer", "view_mib"),
+    ("publisher", "requests_per_hour"),
+)
+# Profiles evaluated by one controller pass: the shapes users write (fallback chains, NVLink, rail-aligned).
+PROFILES: tuple[Obj, ...] = (
+    {"alternatives": [{"name": "h200", "deviceClassName": "gpu-h200", "count": 8},
+                      {"name": "h100", "deviceClassName": "gpu-h100", "count": 8}], "topology": {"nvlink": "Required"}},
+    {"alternatives": [{"name": "any", "deviceClassName": "gpu.topodra.io", "count": 1}]},
+    {"alternatives": [{"name": "a100", "deviceClassName": "gpu-a100-80gb", "count": 4}],
+     "topology": {"nvlink": "Required"}},
+    {"alternatives": [{"name": "b200", "deviceClassName": "gpu-b200", "count": 8}],
+     "topology": {"nvlink": "Required", "nic": "RailAligned"}},
+)
+
+
+def log(msg: str) -> None:
+    print(f"[scale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class ScaleError(RuntimeError):
+    pass
+
+
+# ----- metrics of the control plane
+
+
+def _metrics_text(url: str, ctx: ssl.SSLContext | None) -> str:
+    with urllib.request.urlopen(url, context=ctx, timeout=30) as r:
+        return str(r.read().decode())
+
+
+def apiserver_metrics(lc: localcluster.Cluster) -> str:
+    ctx = ssl.create_default_context(cafile=str(lc.pki / "ca.crt"))
+    ctx.load_cert_chain(str(lc.pki / "admin.crt"), str(lc.pki / "admin.key"))
+    return _metrics_text(f"https://127.0.0.1:{lc.ports.apiserver}/metrics", ctx)
+
+
+def etcd_metrics(lc: localcluster.Cluster) -> str:
+    return _metrics_text(f"http://127.0.0.1:{lc.ports.etcd}/metrics", None)
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """Sum of every sample of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        lab = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        if all(lab.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
+def request_counts(text: str) -> dict[str, float]:
+    return {"requests": metric_total(text, "apiserver_request_total"),
+            "request_bytes": metric_total(text, "apiserver_request_body_size_bytes_sum"),
+            "response_bytes": metric_total(text, "apiserver_response_sizes_sum")}
+
+
+# ----- the rows
+
+
+def topodra(*args: str) -> list[str]:
+    return [sys.executable, "-m", "topodra.cli", *args]
+
+
+def run_simulate(lc: localcluster.Cluster, sub: Path, n: int) -> dict[str, Any]:
+    m0 = request_counts(apiserver_metrics(lc))
+    t0 = time.perf_counter()
+    p = subprocess.run(topodra("simulate", str(sub), "--once", "--kubeconfig", str(lc.admin_kubeconfig)),
+                       capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise ScaleError(f"simulate failed: {p.stderr[-2000:]}")
+    m1 = request_counts(apiserver_metrics(lc))
+    pub = re.search(r"published (\d+) nodes, (\d+) GPUs in ([0-9.]+)s", p.stderr + p.stdout)
+    if not pub or int(pub.group(1)) != n:
+        raise ScaleError(f"simulate did not say it published {n} nodes: {(p.stderr + p.stdout)[-1000:]}")
+    return {"wall_s": wall, "publish_s": float(pub.group(3)), "gpus": int(pub.group(2)),
+            **{k: m1[k] - m0[k] for k in m0}}
+
+
+def run_etcd(lc: localcluster.Cluster) -> dict[str, Any]:
+    """Slices as stored and served. The apiserver's own object-count and size gauges are refreshed once a
+    minute (``--etcd-count-metric-poll-period``), so the count and bytes come from a list instead: ``slice_bytes``
+    is their compact JSON, what every watcher of slices is sent; ``db_bytes`` is etcd's database, read live."""
+    kube = lc.kube()
+    slices = list(kube.list(slices_path(), field_selector=f"spec.driver={DRIVER}"))
+    return {"slices": len(slices),
+            "devices": sum(len(s.get("spec", {}).get("devices") or []) for s in slices),
+            "slice_bytes": sum(len(json.dumps(s, separators=(",", ":"))) for s in slices),
+            "db_bytes": metric_total(etcd_metrics(lc), "etcd_mvcc_db_total_size_in_bytes")}
+
+
+def _median_wall(cmd: Sequence[str], runs: int, check: Callable[[str], None] | None = None) -> float:
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        walls.append(time.perf_counter() - t0)
+        if p.returncode != 0:
+            raise ScaleError(f"{' '.join(cmd[2:5])} failed: {p.stderr[-2000:]}")
+        if check is not None:
+            check(p.stdout)
+    return statistics.median(walls)
+
+
+def run_inventory(lc: localcluster.Cluster, gpus: int, runs: int, png_out: Path | None) -> dict[str, Any]:
+    kc = ["--kubeconfig", str(lc.admin_kubeconfig)]
+
+    def total_is_right(out: str) -> None:
+        got = json.loads(out)["summary"]["total"]
+        if got != gpus:
+            raise ScaleError(f"inventory -o json counts {got} GPUs, the cluster has {gpus}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        png = Path(tmp) / "inv.png"
+        out: dict[str, Any] = {"table_s": _median_wall(topodra("inventory", *kc), runs),
+               "json_s": _median_wall(topodra("inventory", *kc, "-o", "json"), runs, total_is_right),
+               "png_s": _median_wall(topodra("inventory", *kc, "--png", str(png)), runs)}
+        out["png_bytes"] = png.stat().st_size
+        with _pil_size(png) as size:
+            out["png_px"] = size
+        if png_out is not None:
+            png_out.write_bytes(png.read_bytes())
+    return out
+
+
+@contextmanager
+def _pil_size(png: Path) -> Iterator[list[int] | None]:
+    try:
+        import matplotlib.image as mpimg
+
+        img = mpimg.imread(str(png))
+        yield [int(img.shape[1]), int(img.shape[0])]
+    except (ImportError, OSError, ValueError):
+        yield None
+
+
+def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
+    kube = lc.kube()
+    profiles = [ClaimProfile.model_validate({"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
+                                             "metadata": {"name": f"p{i}", "namespace": "default"}, "spec": spec})
+                for i, spec in enumerate(PROFILES)]
+    cache = SnapshotCache(ControllerConfig(snapshot_ttl_s=0.0))
+    c0, t0 = time.process_time(), time.perf_counter()
+    snap = cache.get(kube)
+    if isinstance(snap, str):
+        raise ScaleError(f"controller snapshot: {snap}")
+    statuses = [profile_availability(p, snap) for p in profiles]
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    return {"cpu_s": cpu, "wall_s": wall, "devices": len(snap.devices), "profiles": len(profiles),
+            "free_first_alternative": [s[0].devices_free for s in statuses]}
+
+
+def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any]:
+    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, spec
+    from testkit.views import claim
+
+    from topodra.placement.cache import Cache
+    from topodra.placement.server import Placement
+
+    kube = lc.kube()
+    # What the scorer's cache holds: the listed objects it keeps plus its indexes. Traced from before the
+    # lists are read, measured after every local reference to them is gone.
+    gc.collect()
+    tracemalloc.start()
+    st = ClusterState(DRIVER, window=200)
+    st.replace("classes", list(kube.list(device_class_path())))
+    st.replace("nodes", list(kube.list(node_path())))
+    st.replace("slices", list(kube.list(slices_path(), field_selector=f"spec.driver={DRIVER}")))
+    st.replace("claims", list(kube.list(claim_path())))
+    gc.collect()
+    view_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    names = sorted(st.nodes)
+    rng = random.Random(seed)
+    total = sum(v.gpus for n in names if (v := st.node_view(n)) is not None)
+    tries = 0
+    while len(st.used) < total // 2 and tries < 20 * len(names):
+        tries += 1
+        allocate(st, rng, rng.choice(names), rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3)
+    cache = Cache(Kube.__new__(Kube), st)  # never started: fed directly, as bench/scorer_latency does
+    placement = Placement(cache, DEFAULT_PRIOR, 20)
+    cpu, wall = [], []
+    for k in range(calls):
+        count, fallback = rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3
+        st.set_claim(claim(f"scale-p{k}", spec(count, fallback)))
+        args = {"Pod": {"metadata": {"name": f"pod{k}", "namespace": "ns"},
+                        "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": f"scale-p{k}"}]}},
+                "NodeNames": names}
+        t0, c0 = time.perf_counter(), time.thread_time()
+        placement.prioritize(args)
+        cpu.append(time.thread_time() - c0)
+        wall.append(time.perf_counter() - t0)
+        st.delete_claim("ns", f"scale-p{k}", forget=True)
+    ms = 1000.0
+    return {"calls": calls, "nodes": len(names), "gpus": total, "used": len(st.used),
+            "cpu_p50_ms": pct(cpu, 0.5) * ms, "cpu_p99_ms": pct(cpu, 0.99) * ms,
+            "wall_p50_ms": pct(wall, 0.5) * ms, "wall_p99_ms": pct(wall, 0.99) * ms,
+            "view_mib": view_bytes / 2**20, "shapes": st.sizes().get("shapes")}
+
+
+def run_publisher(lc: localcluster.Cluster, sub: Path, n: int, window: float) -> dict[str, Any]:
+    """Steady state: the simulated nodes' publishers keep reconciling every PLUGIN_RESYNC_S.
+
+    The apiserver counts every client's requests (controller-manager, scheduler, leases), so the same window is
+    first measured without the publishers and subtracted."""
+    i0, it0 = request_counts(apiserver_metrics(lc)), time.monotonic()
+    time.sleep(window)  # a rate over a fixed window: nothing is asserted about its absence
+    i1, it1 = request_counts(apiserver_metrics(lc)), time.monotonic()
+    idle_per_s = (i1["requests"] - i0["requests"]) / (it1 - it0)
+    p = subprocess.Popen(topodra("simulate", str(sub), "--resync", str(PLUGIN_RESYNC_S), "--kubeconfig",
+                                 str(lc.admin_kubeconfig)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stderr is not None
+        deadline = time.monotonic() + 1800
+        for line in p.stderr:  # the first full pass is done when it says so
+            if "published" in line and "nodes" in line:
+                break
+            if time.monotonic() > deadline:
+                raise ScaleError("simulate did not finish its first pass")
+        else:
+            raise ScaleError(f"simulate exited before publishing (rc {p.wait()})")
+        drain = _drain(p)
+        m0, t0 = request_counts(apiserver_metrics(lc)), time.monotonic()
+        time.sleep(window)  # a rate over a fixed window: nothing is asserted about its absence
+        m1, t1 = request_counts(apiserver_metrics(lc)), time.monotonic()
+        drain.set()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    per_s = (m1["requests"] - m0["requests"]) / (t1 - t0) - idle_per_s
+    return {"window_s": t1 - t0, "requests_per_s": per_s, "idle_requests_per_s": idle_per_s,
+            "requests_per_hour": per_s * 3600 / n, "resync_s": PLUGIN_RESYNC_S}
+
+
+def _drain(p: subprocess.Popen[str]) -> Any:
+    stop = threading.Event()
+
+    def run() -> None:
+        assert p.stderr is not None
+        for _ in p.stderr:
+            if stop.is_set():
+                return
+
+    threading.Thread(target=run, daemon=True).start()
+    return stop
+
+
+def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:
+    from bench.schedule_throughput.main import run_scenario, template_devices
+
+    args = SimpleNamespace(nodes=n, one_gpu_pods=n, eight_gpu_pods=max(1, n // 8), seed=seed, scheduler_qps=qps,
+                           stall=60.0, timeout=1200.0)
+    devices = template_devices()
+    out: dict[str, Any] = {"one_gpu_pods": n, "eight_gpu_pods": args.eight_gpu_pods}
+    for scenario in ("full", "stripped"):
+        for scorer in (False, True):
+            r = run_scenario(args, scenario, scorer, devices)  # type: ignore[arg-type]
+            key = f"{scenario}{'_scorer' if scorer else ''}"
+            out[f"{key}_pods_per_s"] = r.pods_per_s
+            out[f"{key}_scheduled"] = r.scheduled
+            out[f"{key}_prioritize_p99_ms"] = r.scorer_latency.get("p99_ms")
+    full, stripped = out["full_pods_per_s"], out["stripped_pods_per_s"]
+    out["stripped_ratio"] = full / stripped if stripped else None
+    out["scorer_ratio"] = out["full_scorer_pods_per_s"] / full if full else None
+    return out
+
+
+# ----- one size
+
+
+def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: argparse.Namespace,
+                 png_dir: Path | None) -> dict[str, Any]:
+    sub_cluster = first_nodes(cluster, n)
+    out: dict[str, Any] = {"nodes": n}
+    cluster_rows = [r for r in rows if r != "scheduler"]
+    if cluster_rows:
+        lc = localcluster.Cluster.private(INSTANCE)
+        with tempfile.TemporaryDirectory() as tmp:
+            sub = Path(tmp) / f"scale-{n}.yaml"
+            sub.write_text(yaml.safe_dump(sub_cluster.model_dump(by_alias=True, exclude_defaults=True)))
+            lc.up(build=False)
+            try:
+                kube = lc.kube()
+                for p in sorted((REPO / "deviceclasses").glob("*.yaml")):
+                    kube.create(device_class_path(), yaml.safe_load(p.read_text()))
+                t0 = time.monotonic()
+                sim = run_simulate(lc, sub, n)
+                log(f"{n} nodes: simulate {sim['wall_s']:.1f}s (publishing {sim['publish_s']:.1f}s)")
+                if "simulate" in rows:
+                    out["simulate"] = sim
+                if "etcd" in rows:
+                    out["etcd"] = run_etcd(lc)
+                if "inventory" in rows:
+                    png = png_dir / f"inventory-{n}.png" if png_dir else None
+                    out["inventory"] = run_inventory(lc, sim["gpus"], args.runs, png)
+                if "controller" in rows:
+                    out["controller"] = run_controller(lc)
+                if "scorer" in rows:
+                    out["scorer"] = run_scorer(lc, args.scorer_calls, args.seed)
+                if "publisher" in rows:
+                    out["publisher"] = run_publisher(lc, sub, n, args.publisher_window)
+                log(f"{n} nodes: rows {', '.join(cluster_rows)} in {time.monotonic() - t0:.0f}s: "
+                    + "; ".join(f"{r} " + ", ".join(f"{k}={v:.3g}" for k, v in out[r].items()
+                                                    if isinstance(v, float)) for r in cluster_rows if r in out))
+            finally:
+                os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "bench-logs"))
+                lc.down(quiet=True, keep_logs=True)
+    if "scheduler" in rows:
+        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps)
+    return out
+
+
+# ----- report
+
+
+def curves(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    fits: dict[str, Any] = {}
+    for row, metric in CURVES:
+        pts = [(r["nodes"], r[row][metric]) for r in results if row in r and r[row].get(metric) is not None]
+        g = growth([p[0] for p in pts], [p[1] for p in pts])
+        fits[f"{row}.{metric}"] = {"points": pts, "fit": g.to_json() if g else None}
+    return fits
+
+
+def verdicts(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each target at the largest size measured: met or missed (a missed one is reported, not an error)."""
+    out = []
+    for (row, metric), (op, bound, what) in TARGETS.items():
+        have = [r for r in results if row in r and r[row].get(metric) is not None]
+        if not have:
+            continue
+        last = max(have, key=lambda r: r["nodes"])
+        v = float(last[row][metric])
+        met = v <= bound if op == "<=" else v >= bound
+        out.append({"target": what, "nodes": last["nodes"], "value": v, "met": met,
+                    "note": "" if last["nodes"] == 2048 else "measured below 2,048 nodes"})
+    return out
+
+
+def markdown(results: Sequence[Mapping[str, Any]], fits: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> str:
+    sizes = [r["nodes"] for r in results]
+    lines = ["| row | " + " | ".join(f"{n} nodes" for n in sizes) + " | exponent | ≤ linear |",
+             "|---|" + "---|" * (len(sizes) + 2)]
+    for key, c in fits.items():
+        row, metric = key.split(".", 1)
+        vals = {n: v for n, v in c["points"]}
+        if not vals:
+            continue
+        cells = [f"{vals[n]:.4g}" if n in vals else "-" for n in sizes]
+        fit = c["fit"]
+        lines.append(f"| {row} {metric} | " + " | ".join(cells) + " | "
+                     + (f"{fit['exponent']:.2f} | {'yes' if fit['at_most_linear'] else 'NO'} |" if fit else "- | - |"))
+    sched = [r for r in results if "scheduler" in r]
+    for metric in ("full_pods_per_s", "full_scorer_pods_per_s", "stripped_pods_per_s", "stripped_ratio",
+                   "scorer_ratio"):
+        if sched:
+            vals = {r["nodes"]: r["scheduler"].get(metric) for r in sched}
+            lines.append(f"| scheduler {metric} | " + " | ".join(
+                f"{vals[n]:.3g}" if vals.get(n) is not None else "-" for n in sizes) + " | - | - |")
+    lines += ["", "| target | nodes | value | met |", "|---|---|---|---|"]
+    lines += [f"| {c['target']} | {c['nodes']} | {c['value']:.3g} | {'met' if c['met'] else 'MISSED'} |"
+              for c in checks]
+    return "\n".join(lines) + "\n"
+
+
+def plot(fits: Mapping[str, Any], out_dir: Path, stamp: str) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    files = []
+    for key, c in fits.items():
+        if len(c["points"]) < 2:
+            continue
+        xs, ys = zip(*c["points"], strict=True)
+        fig, ax = plt.subplots(figsize=(4.2, 3.0), dpi=100)
+        ax.plot(xs, ys, "o-", label="measured")
+        fit = c["fit"]
+        if fit:
+            ax.plot(xs, [fit["intercept"] + fit["slope_per_node"] * x for x in xs], "--", label="linear fit")
+            ax.set_title(f"{key} (exponent {fit['exponent']:.2f})", fontsize=9)
+        ax.set_xlabel("nodes")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{stamp}-{key.replace('.', '-')}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        files.append(str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path))
+    return files
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run scale", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="node counts, comma-separated")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"rows to measure, of {','.join(ROWS)}")
+    p.add_argument("--cluster", default=str(CLUSTER_FILE), help="the cluster file whose first N nodes are taken")
+    p.add_argument("--runs", type=int, default=3, help="inventory runs per variant (median)")
+    p.add_argument("--scorer-calls", type=int, default=300)
+    p.add_argument("--publisher-window", type=float, default=60.0, help="seconds of steady state counted")
+    p.add_argument("--scheduler-qps", type=int, default=500)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--label", default="", help="result file label")
+    p.add_argument("--out-dir", default=None, help="where JSON, Markdown and PNGs go (default bench/results/scale)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--lock-timeout", type=float, default=3600)
+    args = p.parse_args(argv)
+    try:
+        args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--sizes must be integers, got {args.sizes!r}")
+    args.row_list = [r for r in args.rows.split(",") if r]
+    bad = [r for r in args.row_list if r not in ROWS]
+    if bad or not args.row_list:
+        p.error(f"unknown rows {bad}; choose from {','.join(ROWS)}")
+    if not args.size_list or min(args.size_list) < 1:
+        p.error("--sizes needs positive node counts")
+    return args
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (a timeout, a Ctrl-C'd wrapper) unwinds like an exception, so every cluster is torn down."""
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    old = signal.getsignal(signal.SIGTERM)
+    _exit_on_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, old)  # a caller (pytest) keeps its own handling
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    try:
+        cluster = load_cluster(args.cluster)
+        for n in args.size_list:
+            first_nodes(cluster, n)  # every size fits the file, before anything starts
+    except ValueError as e:
+        print(f"bench/run scale: {e}", file=sys.stderr)
+        return 2
+    now = time.time()
+    stamp = utc_stamp(now)
+    out_dir = Path(args.out_dir) if args.out_dir else result_file("scale", when=now).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = f"{stamp}{'-' + args.label if args.label else ''}"
+    results: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    try:
+        with cluster_lock(args.lock_timeout, instance_lock_file(INSTANCE)):
+            for n in args.size_list:
+                results.append(measure_size(n, cluster, args.row_list, args,
+                                            None if args.no_plots else out_dir))
+    except (ScaleError, localcluster.ClusterError, KubeError, subprocess.TimeoutExpired) as e:
+        print(f"bench/run scale: {e}", file=sys.stderr)
+        return 1
+    fits = curves(results)
+    checks = verdicts(results)
+    pngs = [] if args.no_plots else plot(fits, out_dir, base)
+    doc = {"benchmark": "scale", "created": stamp, "wall_s": time.monotonic() - t0,
+           "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg": os.getloadavg()},
+           "args": {k: v for k, v in vars(args).items()}, "results": results, "curves": fits,
+           "targets": checks, "plots": pngs}
+    (out_dir / f"{base}.json").write_text(json.dumps(doc, indent=1, default=float))
+    table = markdown(results, fits, checks)
+    (out_dir / f"{base}.md").write_text(f"# bench/run scale {stamp}\n\n{table}")
+    print(table)
+    log(f"results: {out_dir / base}.json (+ .md, {len(pngs)} plots) in {time.monotonic() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
