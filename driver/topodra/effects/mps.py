@@ -103,11 +103,13 @@ class MpsEffect:
         remade: list[str] = []
         for entry in data.claims.values():
             uuids, limits, exclusive = self._daemon_args(entry, devices)
-            if uuids and not self.daemons.alive(entry.uid):
-                try:
+            if not uuids:
+                continue
+            try:
+                if not self.daemons.alive(entry.uid):  # no answer in time: MpsError, left as it is
                     self.daemons.start(entry.uid, uuids, limits, exclusive)
                     log.warning("restarted the MPS daemon of claim %s", entry.ref)
                     remade.append(entry.uid)
-                except MpsError as e:
-                    log.error("claim %s: %s", entry.ref, e)
+            except MpsError as e:
+                log.error("claim %s: %s", entry.ref, e)
         return Recovered(data, stray, remade)

@@ -132,17 +132,23 @@ class MpsDaemons:
             raise MpsError(f"claim {claim_uid}: {e}") from e
 
     def alive(self, claim_uid: str) -> bool:
-        """Whether the claim's daemon answers ``get_server_list`` through its pipe."""
+        """Whether the claim's daemon answers ``get_server_list`` through its pipe; MpsError when nothing
+        answers in time (then nobody may assume it is gone)."""
         pipe, logs = self.dirs(claim_uid)
-        return pipe.is_dir() and mpscontrol.answering(self._tool(), pipe, logs)
+        if not pipe.is_dir():
+            return False
+        try:
+            return mpscontrol.answering(self._tool(), pipe, logs)
+        except MpsError as e:
+            raise MpsError(f"claim {claim_uid}: {e}") from e
 
     def pid(self, claim_uid: str) -> int | None:
         """The pid the claim's answering daemon wrote (as its own PID namespace sees it; for logs), or None."""
-        if not self.alive(claim_uid):
-            return None
         try:
+            if not self.alive(claim_uid):
+                return None
             return int((self.dirs(claim_uid)[0] / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
+        except (MpsError, OSError, ValueError):
             return None
 
     def start(self, claim_uid: str, uuids: Sequence[str], limits: Sequence[str] = (),
@@ -154,6 +160,7 @@ class MpsDaemons:
         tool = self._tool()  # a missing binary changes nothing
         if not (tool.path.is_file() and os.access(tool.path, os.X_OK)):
             raise MpsError(f"claim {claim_uid}: cannot start {BINARY}: {tool.path} is not an executable file")
+        running = self.alive(claim_uid)  # MpsError (no answer): change nothing, the kubelet retries
         try:
             for d in (pipe, logs):
                 d.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -161,16 +168,17 @@ class MpsDaemons:
             mpsshm.mount(self.shm_dir(claim_uid), self.shm_size)
             for uuid in exclusive:
                 self._set_mode(uuid, "EXCLUSIVE_PROCESS")
-            if not self.alive(claim_uid):
+            if not running:
                 self._launch(claim_uid, uuids)
             if limits:
                 self.control(claim_uid, limits)
         except (MpsError, mpsshm.ShmError, ComputeModeError, OSError, subprocess.TimeoutExpired) as e:
             err = e if isinstance(e, MpsError) else MpsError(f"claim {claim_uid}: cannot start {BINARY}: {e}")
-            try:
-                self.stop(claim_uid)
-            except MpsError as again:
-                log.error("claim %s: cleaning up a failed start: %s", claim_uid, again)
+            if not running:  # a daemon that served before this call is left to the claim's unprepare
+                try:
+                    self.stop(claim_uid)
+                except MpsError as again:
+                    log.error("claim %s: cleaning up a failed start: %s", claim_uid, again)
             raise err from e
         log.info("claim %s: MPS control daemon serving %s (exclusive %s, %s)", claim_uid, list(uuids),
                  list(exclusive), base)
@@ -189,7 +197,8 @@ class MpsDaemons:
         if r.returncode != 0:
             tail = (logs / START_LOG).read_text(errors="replace").strip().splitlines()[-3:]
             raise MpsError(f"claim {claim_uid}: {BINARY} -d failed ({r.returncode}): {' | '.join(tail)}")
-        self._wait(lambda: self.alive(claim_uid), f"claim {claim_uid}: the MPS daemon did not answer on its pipe")
+        self._wait(lambda: self._answers(claim_uid) is True,
+                   f"claim {claim_uid}: the MPS daemon did not answer on its pipe")
 
     def stop(self, claim_uid: str) -> bool:
         """``echo quit | nvidia-cuda-mps-control``, DEFAULT compute mode again, the tmpfs unmounted, the dirs
@@ -198,7 +207,7 @@ class MpsDaemons:
         running = self.alive(claim_uid)
         if running:
             self.control(claim_uid, ["quit"], timeout=_TIMEOUT_S)
-            self._wait(lambda: not self.alive(claim_uid), f"claim {claim_uid}: the MPS daemon did not quit")
+            self._wait(lambda: self._answers(claim_uid) is False, f"claim {claim_uid}: the MPS daemon did not quit")
             log.info("claim %s: MPS control daemon stopped", claim_uid)
         try:
             for uuid in self._read_intent(claim_uid):
@@ -208,6 +217,13 @@ class MpsDaemons:
             raise MpsError(f"claim {claim_uid}: {e}") from e
         shutil.rmtree(base, ignore_errors=True)
         return running
+
+    def _answers(self, claim_uid: str) -> bool | None:
+        """``alive``, with None for no answer in time (waits keep polling through it)."""
+        try:
+            return self.alive(claim_uid)
+        except MpsError:
+            return None
 
     def claims(self) -> set[str]:
         """Claim UIDs that have MPS directories (running daemon or not)."""
@@ -219,11 +235,16 @@ class MpsDaemons:
     def reconcile(self, recorded: Iterable[str]) -> list[str]:
         """Stop the daemons (and drop the dirs) of claims not in ``recorded``; returns their UIDs."""
         keep = set(recorded)
-        stray = sorted(self.claims() - keep)
-        for uid in stray:
+        stopped = []
+        for uid in sorted(self.claims() - keep):
             log.warning("claim %s: stopping its MPS daemon: no prepared claim records it", uid)
-            self.stop(uid)
-        return stray
+            try:
+                self.stop(uid)
+            except MpsError as e:  # the others are still stopped; the next start tries this one again
+                log.error("%s", e)
+                continue
+            stopped.append(uid)
+        return stopped
 
     def _set_mode(self, uuid: str, mode: ComputeMode) -> None:
         if self.compute_mode is None:

@@ -18,7 +18,7 @@ from topodra.selectors import parse_quantity
 from topodra.sharing.config import Mps
 from topodra.sharing.driverbins import DriverTool
 
-TIMEOUT_S = 5.0
+TIMEOUT_S = 10.0
 
 
 class MpsError(RuntimeError):
@@ -66,11 +66,17 @@ def send(tool: DriverTool, pipe: Path, logs: Path, commands: Sequence[str], time
 
 
 def answering(tool: DriverTool, pipe: Path, logs: Path, timeout: float = TIMEOUT_S) -> bool:
-    """Whether a daemon answers ``get_server_list`` on ``pipe`` within ``timeout``."""
+    """Whether a daemon answers ``get_server_list`` on ``pipe``: False when the client says none listens;
+    MpsError when nothing answers within ``timeout`` (a daemon may be there: the caller must not assume
+    either way, so it neither starts a second one nor removes the directories of a live one)."""
     if not pipe.is_dir():
         return False
+    env = tool.environ(os.environ, {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)})
     try:
-        send(tool, pipe, logs, ["get_server_list"], timeout)
-    except MpsError:
-        return False
-    return True
+        r = subprocess.run([str(tool.path)], input="get_server_list\n", env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise MpsError(f"get_server_list: no answer through {pipe} within {timeout:g} s") from e
+    except OSError as e:
+        raise MpsError(f"cannot run {tool.path}: {e}") from e
+    return r.returncode == 0
