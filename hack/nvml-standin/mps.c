@@ -68,7 +68,25 @@ static int server(void) {
 static pid_t servers[MAX_SERVERS];
 static int nservers;
 static char thread_pct[32] = "100.0";
-static char mem_limits[64][32];
+/* Pinned-memory limits keyed by the device as given: an index or a UUID (NVIDIA's DRA driver sends UUIDs). */
+#define MAX_LIMITS 64
+static char limit_dev[MAX_LIMITS][96], limit_val[MAX_LIMITS][32];
+static int nlimits;
+
+static int limit_slot(const char *dev, int create) {
+    for (int i = 0; i < nlimits; i++)
+        if (!strcmp(limit_dev[i], dev)) return i;
+    if (!create || nlimits >= MAX_LIMITS) return -1;
+    snprintf(limit_dev[nlimits], sizeof limit_dev[0], "%s", dev);
+    return nlimits++;
+}
+
+static int valid_dev(const char *dev) {
+    if (!strncmp(dev, "GPU-", 4) || !strncmp(dev, "MIG-", 4)) return strlen(dev) < sizeof limit_dev[0];
+    char *end;
+    long i = strtol(dev, &end, 10);
+    return *dev && !*end && i >= 0 && i < 64;
+}
 
 static void reap(void) {
     int st;
@@ -119,12 +137,12 @@ static int handle(char *cmd, FILE *out, const char *self_dir) {
     } else if (!strcmp(argv[0], "get_default_active_thread_percentage") && argc == 1) {
         fprintf(out, "%s\n", thread_pct);
     } else if (!strcmp(argv[0], "set_default_device_pinned_mem_limit") && argc == 3) {
-        int dev = atoi(argv[1]);
-        if (dev < 0 || dev >= 64) fprintf(out, "Invalid device %s\n", argv[1]);
-        else snprintf(mem_limits[dev], sizeof mem_limits[dev], "%s", argv[2]);
+        int i = valid_dev(argv[1]) ? limit_slot(argv[1], 1) : -1;
+        if (i < 0) fprintf(out, "Invalid device %s\n", argv[1]);
+        else snprintf(limit_val[i], sizeof limit_val[i], "%s", argv[2]);
     } else if (!strcmp(argv[0], "get_default_device_pinned_mem_limit") && argc == 2) {
-        int dev = atoi(argv[1]);
-        fprintf(out, "%s\n", dev >= 0 && dev < 64 && mem_limits[dev][0] ? mem_limits[dev] : "0");
+        int i = limit_slot(argv[1], 0);
+        fprintf(out, "%s\n", i >= 0 ? limit_val[i] : "0");
     } else if (!strcmp(argv[0], "quit")) {
         logline("CMD: quit");
         return 1;

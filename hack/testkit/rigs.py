@@ -41,7 +41,8 @@ def state(tmp_path: Path, devices: list[Device], nvml: FakeNvml, *, timeslice: b
                        nvidia_spec_dirs=[], gpu_effects=effects.standard(
                            tmp_path / "state", mig=MigInstances(nvml),
                            timeslice=control_for(nvml) if timeslice else None,
-                           mps=MpsDaemons(tmp_path / "state", binary=mps_binary) if mps_binary else None))
+                           mps=MpsDaemons(tmp_path / "state", binary=mps_binary, compute_mode=nvml)
+                           if mps_binary else None))
 
 
 def daemons(st: DeviceState) -> MpsDaemons:

@@ -1,7 +1,9 @@
 """MPS: one control daemon per claim with MPS devices, serving their GPUs (MIG UUIDs for slices).
 
 Last in the effect order, since it serves the instances the MIG effect makes.  The daemon's pipe and log
-directories and its limits are claim-wide CDI edits.  Hardware calls are ``sharing.mps``'s.
+directories, its tmpfs (the containers' ``/dev/shm``) and its limits are claim-wide CDI edits; the same limits
+are set on the daemon, and the GPUs the claim holds whole run EXCLUSIVE_PROCESS.  Hardware calls are
+``sharing.mps``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimError, ClaimRef
 from topodra.devices import Device
 from topodra.effects.base import Devices, Mount, Recovered, sharing_of
-from topodra.sharing import mps
+from topodra.sharing import mps, mpscontrol
 from topodra.sharing.config import Mps, Sharing
 from topodra.sharing.mps import MpsDaemons, MpsError
 
@@ -46,8 +48,9 @@ class MpsEffect:
             raise ClaimError(f"claim {entry.uid}: its requests ask for different MPS settings; one claim has one "
                              "MPS daemon, so they must agree")
         pipe, logs = self.daemons.dirs(entry.uid)
-        return mps.claim_env(first, [mem for _m, mem in configs]), [(str(pipe), mps.CONTAINER_PIPE_DIR),
-                                                                    (str(logs), mps.CONTAINER_LOG_DIR)]
+        return mps.claim_env(first, [mem for _m, mem in configs]), [
+            (str(pipe), mps.CONTAINER_PIPE_DIR), (str(logs), mps.CONTAINER_LOG_DIR),
+            (str(self.daemons.shm_dir(entry.uid)), mps.CONTAINER_SHM_DIR)]
 
     @staticmethod
     def _uuids(entry: ClaimEntry, devices: Mapping[str, Device]) -> list[str]:
@@ -55,12 +58,24 @@ class MpsEffect:
         return [d.mig.uuid if d.mig is not None else devices[d.device_name].uuid for d in sharing_of(entry, "MPS")
                 if d.device_name in devices]
 
+    @staticmethod
+    def _daemon_args(entry: ClaimEntry, devices: Mapping[str, Device]) -> tuple[list[str], list[str], list[str]]:
+        """(UUIDs served, daemon limit commands, GPUs to run EXCLUSIVE_PROCESS): the whole GPUs the claim holds
+        alone; a GPU shared by memory takes other claims' servers, and a MIG slice's parent serves other slices."""
+        mine = [d for d in sharing_of(entry, "MPS") if d.device_name in devices]
+        uuids = [d.mig.uuid if d.mig is not None else devices[d.device_name].uuid for d in mine]
+        first = (mine[0].sharing.mps if mine and mine[0].sharing else None) or Mps()
+        pairs = list(zip(uuids, mine, strict=True))
+        limits = mpscontrol.limit_commands(first, [(u, d.consumed_capacity.get("memory")) for u, d in pairs])
+        exclusive = [u for u, d in pairs if d.mig is None and d.access == "exclusive"]
+        return uuids, limits, exclusive
+
     def used_by(self, entry: ClaimEntry, devices: Devices) -> bool:
         return bool(self._uuids(entry, devices))
 
     def apply(self, entry: ClaimEntry, applied: CheckpointData, devices: Devices) -> ClaimEntry:
         try:
-            self.daemons.start(entry.uid, self._uuids(entry, devices))  # MpsError leaves nothing behind
+            self.daemons.start(entry.uid, *self._daemon_args(entry, devices))  # MpsError leaves nothing behind
         except MpsError as e:
             raise ClaimError(f"claim {entry.ref}: {e}") from e
         return entry
@@ -87,12 +102,14 @@ class MpsEffect:
             log.warning("stopped MPS daemons of claims no checkpoint entry records: %s", stray)
         remade: list[str] = []
         for entry in data.claims.values():
-            uuids = self._uuids(entry, devices)
-            if uuids and self.daemons.pid(entry.uid) is None:
-                try:
-                    self.daemons.start(entry.uid, uuids)
+            uuids, limits, exclusive = self._daemon_args(entry, devices)
+            if not uuids:
+                continue
+            try:
+                if not self.daemons.alive(entry.uid):  # no answer in time: MpsError, left as it is
+                    self.daemons.start(entry.uid, uuids, limits, exclusive)
                     log.warning("restarted the MPS daemon of claim %s", entry.ref)
                     remade.append(entry.uid)
-                except MpsError as e:
-                    log.error("claim %s: %s", entry.ref, e)
+            except MpsError as e:
+                log.error("claim %s: %s", entry.ref, e)
         return Recovered(data, stray, remade)

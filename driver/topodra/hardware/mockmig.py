@@ -66,6 +66,8 @@ class MigState(BaseModel):
     gpus: dict[str, list[FakeGpuInstance]] = Field(default_factory=dict)
     # Time-slice level per GPU UUID (``nvidia-smi compute-policy --set-timeslice``); absent means 0 (Default).
     timeslices: dict[str, int] = Field(default_factory=dict)
+    # nvmlComputeMode_t per GPU UUID (``nvidia-smi -c``; MPS sets EXCLUSIVE_PROCESS, 3); absent means 0 (DEFAULT).
+    computeModes: dict[str, int] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,25 @@ class FakeMig:
         g = self._gpu_by_uuid(uuid)
         with self._mig_state(write=False) as st:
             return st.timeslices.get(str(g.uuid), 0)
+
+    # -- compute mode (``nvidia-smi -i <uuid> -c MODE``; topodra.sharing.computemode) ----------------
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        """Record the GPU's compute mode by name (DEFAULT, EXCLUSIVE_PROCESS, PROHIBITED)."""
+        g = self._gpu_by_uuid(uuid)
+        value = {"DEFAULT": 0, "PROHIBITED": 2, "EXCLUSIVE_PROCESS": 3}.get(mode)
+        if value is None:
+            raise _err("InvalidArgument")
+        with self._mig_state(write=True) as st:
+            if value == 0:
+                st.computeModes.pop(str(g.uuid), None)
+            else:
+                st.computeModes[str(g.uuid)] = value
+
+    def nvmlDeviceGetComputeMode(self, h: Any) -> int:
+        g = self._gpu(h)
+        with self._mig_state(write=False) as st:
+            return st.computeModes.get(str(g.uuid), 0)
 
     def _mig_gpu(self, h: Any) -> tuple[GpuFacts, str]:
         g = self._gpu(h)

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Mock hardware: a stand-in ``nvidia-cuda-mps-control`` for nodes without NVIDIA's (standard library only).
 
-It behaves like the real control program as topodra uses it:
+It behaves like the real control program as topodra and NVIDIA's drivers use it (the C stand-in of the
+driver tree, ``hack/nvml-standin/mps.c``, speaks the same protocol):
 
-* ``nvidia-cuda-mps-control -d`` daemonizes and returns at once.  The daemon takes
-  ``CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``) and ``CUDA_MPS_LOG_DIRECTORY``
-  (default ``/var/log/nvidia-mps``), writes ``nvidia-cuda-mps-control.pid`` and a ``control``
-  FIFO into the pipe directory and logs to ``control.log``.  A second ``-d`` on the same pipe
-  directory fails: "An instance of this daemon is already running".
-* ``nvidia-cuda-mps-control`` without ``-d`` sends its stdin's commands to the daemon of that
-  pipe directory ("Cannot find MPS control daemon process" when there is none); ``quit`` makes
-  the daemon clean up and exit, and the client waits for that.
+* ``nvidia-cuda-mps-control -d`` daemonizes, closes the stdio it inherited and returns.  The daemon takes
+  ``CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``) and ``CUDA_MPS_LOG_DIRECTORY`` (default
+  ``/var/log/nvidia-mps``), writes ``nvidia-cuda-mps-control.pid`` and a ``control`` FIFO into the pipe
+  directory, logs to ``control.log`` and keeps a file in ``/dev/shm`` (which is how tests see that the
+  daemon and the claim's containers share one ``/dev/shm``).  A second ``-d`` on a live pipe directory fails:
+  "An instance of this daemon is already running".
+* ``nvidia-cuda-mps-control`` without ``-d`` sends each stdin line to the daemon of that pipe directory and
+  prints its answer ("Cannot find MPS control daemon process", exit 1, when none listens):
+  ``get_server_list`` (no servers: nothing), ``set_default_active_thread_percentage N``,
+  ``set_default_device_pinned_mem_limit DEV VALUE`` (DEV an index or UUID), their ``get_`` forms, ``quit``.
 """
 
 from __future__ import annotations
@@ -18,27 +21,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import sys
 import time
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 FIFO = "control"
+SHM_PREFIX = "cuda.shm.standin.control."
 
 
 def _dirs() -> tuple[str, str]:
-    return (os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
-            os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
-
-
-def _alive(pipe: str) -> int | None:
-    try:
-        with open(os.path.join(pipe, PID_FILE)) as f:
-            pid = int(f.read().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
+    return (os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps",
+            os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps")
 
 
 def _log(logs: str, line: str) -> None:
@@ -46,39 +39,75 @@ def _log(logs: str, line: str) -> None:
         f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
 
 
-def _serve(pipe: str, logs: str) -> None:
-    fifo = os.path.join(pipe, FIFO)
+def _listening(pipe: str) -> bool:
+    """Whether a daemon holds the control FIFO open for reading (a writer's open then succeeds)."""
+    try:
+        fd = os.open(os.path.join(pipe, FIFO), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
-    def cleanup(*_: object) -> None:
-        for name in (FIFO, PID_FILE):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(pipe, name))
-        _log(logs, "exit")
-        os._exit(0)
 
-    signal.signal(signal.SIGTERM, cleanup)
-    if os.path.exists(fifo):
-        os.unlink(fifo)
-    os.mkfifo(fifo, 0o600)
-    with open(os.path.join(pipe, PID_FILE), "w") as f:
-        f.write(f"{os.getpid()}\n")
-    _log(logs, f"startup: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
-    while True:
-        with open(fifo) as f:  # blocks until a client writes
-            for raw in f:
-                cmd = raw.strip()
-                if not cmd:
+class _Daemon:
+    def __init__(self, pipe: str, logs: str) -> None:
+        self.pipe, self.logs = pipe, logs
+        self.thread_pct = "100.0"
+        self.mem_limits: dict[str, str] = {}
+        self.shm = f"/dev/shm/{SHM_PREFIX}{os.getpid()}"
+
+    def answer(self, cmd: list[str]) -> tuple[str, bool]:
+        """The reply to one command, and whether it was quit."""
+        name, args = cmd[0], cmd[1:]
+        if name == "get_server_list" and not args:
+            return "", False
+        if name == "set_default_active_thread_percentage" and len(args) == 1:
+            self.thread_pct = f"{float(args[0]):.1f}"
+            return self.thread_pct + "\n", False
+        if name == "get_default_active_thread_percentage" and not args:
+            return self.thread_pct + "\n", False
+        if name == "set_default_device_pinned_mem_limit" and len(args) == 2:
+            self.mem_limits[args[0]] = args[1]
+            return "", False
+        if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
+            return self.mem_limits.get(args[0], "0") + "\n", False
+        if name == "quit" and not args:
+            return "", True
+        return f"Unrecognized command {name}\n", False
+
+    def serve(self) -> None:
+        fifo = os.path.join(self.pipe, FIFO)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fifo)
+        os.mkfifo(fifo, 0o600)
+        fd = os.open(fifo, os.O_RDWR)  # a reader always, and never EOF
+        with open(self.shm, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        with open(os.path.join(self.pipe, PID_FILE), "w") as f:
+            f.write(f"{os.getpid()}\n")
+        _log(self.logs, f"startup: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
+        quit_ = False
+        with os.fdopen(fd, "r") as requests:
+            while not quit_:
+                line = requests.readline()
+                reply_path, _, cmd = line.strip().partition(" ")
+                if not cmd.split():
                     continue
-                _log(logs, f"command: {cmd}")
-                if cmd == "quit":
-                    cleanup()
+                _log(self.logs, f"command: {cmd}")
+                out, quit_ = self.answer(cmd.split())
+                with contextlib.suppress(OSError), open(reply_path, "w") as reply:
+                    reply.write(out)
+        for path in (fifo, os.path.join(self.pipe, PID_FILE), self.shm):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        _log(self.logs, "exit")
 
 
 def daemonize() -> int:
     pipe, logs = _dirs()
     for d in (pipe, logs):
         os.makedirs(d, exist_ok=True)
-    if _alive(pipe) is not None:
+    if _listening(pipe):
         print("An instance of this daemon is already running", file=sys.stderr)
         return 1
     if os.fork() > 0:
@@ -89,34 +118,36 @@ def daemonize() -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    _serve(pipe, logs)
-    return 0
+    _Daemon(pipe, logs).serve()
+    os._exit(0)
 
 
 def client() -> int:
     pipe, _ = _dirs()
-    fd = -1
-    deadline = time.monotonic() + 2  # the daemon re-opens its FIFO between clients: retry briefly
-    while fd < 0 and _alive(pipe) is not None and time.monotonic() < deadline:
+    for n, line in enumerate(raw.strip() for raw in sys.stdin):
+        if not line:
+            continue
         try:
             fd = os.open(os.path.join(pipe, FIFO), os.O_WRONLY | os.O_NONBLOCK)
         except OSError as e:
             if e.errno not in (errno.ENXIO, errno.ENOENT):
                 raise
-            time.sleep(0.01)
-    if fd < 0:
-        print("Cannot find MPS control daemon process", file=sys.stderr)
-        return 1
-    commands = [line.strip() for line in sys.stdin if line.strip()]
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(c + "\n" for c in commands))
-    if "quit" in commands:
-        deadline = time.monotonic() + 10
-        while _alive(pipe) is not None:
-            if time.monotonic() > deadline:
-                print("the daemon did not quit", file=sys.stderr)
-                return 1
-            time.sleep(0.01)
+            print("Cannot find MPS control daemon process", file=sys.stderr)
+            return 1
+        reply = os.path.join(pipe, f"reply.{os.getpid()}.{n}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(reply)
+        os.mkfifo(reply, 0o600)
+        try:
+            os.write(fd, f"{reply} {line}\n".encode())
+            os.close(fd)
+            with open(reply) as f:  # blocks until the daemon answers
+                sys.stdout.write(f.read())
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(reply)
+        if line.split()[0] == "quit":
+            break
     return 0
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from topodra.plugin.nodelabel import NodeLabeler
     from topodra.plugin.server import PluginServer
     from topodra.publisher import SlicePublisher
+    from topodra.sharing.computemode import ComputeModeControl
     from topodra.sharing.instances import MigInstances
     from topodra.sharing.timeslice import TimeSliceControl
     from topodra.state import DeviceState
@@ -124,6 +125,7 @@ class Plugin:
         from topodra.plugin.probes import ProbeServer, all_of, answers
         from topodra.plugin.server import PluginServer
         from topodra.publisher import SlicePublisher
+        from topodra.sharing.computemode import control_for as compute_mode_for
         from topodra.sharing.instances import MigInstances
         from topodra.sharing.timeslice import control_for
         from topodra.slices import published_taints
@@ -141,6 +143,7 @@ class Plugin:
             stack.callback(mig.close)  # its NVML session lasts as long as the plugin
             state = build_state(cfg, inventory, observer, mig=mig,
                                 timeslice_control=control_for(self.backend().nvml, driver_root=driver_root(cfg)),
+                                compute_mode=compute_mode_for(self.backend().nvml, driver_root=driver_root(cfg)),
                                 host=host_driver(cfg))
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
@@ -261,11 +264,12 @@ def driver_root(cfg: PluginConfig) -> Path | None:
 
 def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
                 mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None,
-                host: HostDriver | None = None) -> DeviceState:
+                host: HostDriver | None = None, compute_mode: ComputeModeControl | None = None) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket.
 
     ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices;
-    ``timeslice_control``: sets GPUs' time-slice levels (the GPU effects, ``topodra.effects``).
+    ``timeslice_control``: sets GPUs' time-slice levels, ``compute_mode`` their compute mode for MPS (the GPU
+    effects, ``topodra.effects``).
     """
     from topodra import effects
     from topodra.state import DeviceState
@@ -274,7 +278,7 @@ def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
                        observer=observer,
                        gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control,
-                                                    driver_root=driver_root(cfg)),
+                                                    driver_root=driver_root(cfg), compute_mode=compute_mode),
                        host_driver=host)
 
 

@@ -20,6 +20,7 @@ from testkit.rigs import claim, hardware, ref
 from topodra import checkpoint
 from topodra.claims import AllocatedClaim, AllocatedDevice, ClaimRef
 from topodra.hardware import mockmps
+from topodra.sharing import mpsshm
 from topodra.sharing.config import Mps, Sharing
 from topodra.sharing.mps import CONTAINER_PIPE_DIR, MpsDaemons, claim_env
 from topodra.state import CRASH_EXIT_CODE
@@ -45,6 +46,8 @@ def no_daemon_left(tmp_path: Path) -> Iterator[None]:
     for pid_file in (tmp_path / "state" / "mps").glob(f"*/pipe/{mockmps.PID_FILE}"):
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    for shm in (tmp_path / "state" / "mps").glob("*/shm"):
+        mpsshm.unmount(shm)
 
 
 def test_claim_env_uses_the_config_then_the_share(tmp_path: Path) -> None:
@@ -69,7 +72,8 @@ def test_prepare_starts_a_daemon_for_the_claim_and_unprepare_stops_it(tmp_path: 
     assert {"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"} <= set(edits["env"])
     assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
-        (str(pipe), "/tmp/nvidia-mps"), (str(logs), "/var/log/nvidia-mps")}
+        (str(pipe), "/tmp/nvidia-mps"), (str(logs), "/var/log/nvidia-mps"),
+        (str(rig.daemons(st).shm_dir("a")), "/dev/shm")}
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in spec(tmp_path, "b")["containerEdits"]["env"]
     entry = checkpoint.load(tmp_path / "state" / checkpoint.FILE_NAME).claims["a"]  # type: ignore[union-attr]
     assert entry.devices[0].sharing == mps(50, "10Gi")
