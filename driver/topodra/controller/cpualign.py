@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from topodra.controller.profile import ClaimProfile
+from topodra.cpudriver import CAPACITY as CPU_CAPACITY
+from topodra.cpudriver import DRIVER as CPU_DRIVER
+from topodra.cpudriver import LEGACY_NUMA, STANDARD_NUMA
+
+__all__ = ["LEGACY_NUMA", "STANDARD_NUMA", "CpuOptions", "apply", "cpus_per_claim", "group_sizes"]
 
 Obj = dict[str, Any]
-
-STANDARD_NUMA = "resource.kubernetes.io/numaNode"
-LEGACY_NUMA = "dra.net/numaNode"  # what dra-driver-cpu v0.2.0 offers for cross-driver alignment
-CPU_DRIVER = "dra.cpu"
-CPU_CAPACITY = "dra.cpu/cpu"
 GPU_REQUEST = "gpus"  # render.REQUEST; repeated here so render can import this module
 
 
