@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from test_scheduling_topology import Scenario, one, scenario_maker
 from testkit.handle import ClusterHandle, wait_for
+from testkit.paths import REPO
 
 from topodra import cpudriver
 from topodra.apipaths import claim_path, device_class_path, pod_path, profile_path, slices_path, template_path
@@ -212,3 +213,44 @@ def test_one_numa_group_for_eight_dgx_gpus_cannot_be_placed(scenarios: Callable[
     s.pod("two-groups-0", "two-groups", s.nodes(), pod_base("two-groups", "64"))
     node, results = s.wait_allocated("two-groups-0")
     check_aligned(s, node, results)
+
+
+POD_CPU_POLICY = REPO / "deploy" / "cpu-alignment" / "pod-cpu-requests.yaml"
+
+
+def test_the_admission_policy_writes_the_pods_cpu_request(cluster: ClusterHandle,
+                                                           scenarios: Callable[..., Scenario]) -> None:
+    """deploy/cpu-alignment's MutatingAdmissionPolicy: the pod's requests.cpu comes from the profile's status."""
+    s = scenarios([("dgx", "dgx-h100", 1)], "podcpu", "main")
+    cluster.apply_yaml(POD_CPU_POLICY)
+    try:
+        run_controller(s, "aligned", RAIL_SPEC, CpuSettings())
+        run_controller(s, "plain", {"alternatives": [{"deviceClassName": "gpu-h100", "count": 1}]}, CpuSettings())
+
+        def pod(template: str) -> Obj:
+            p = pod_base(template, None)
+            p["spec"]["containers"].append({"name": "side", "image": "localhost/busybox:1.35",
+                                            "imagePullPolicy": "Never", "command": ["true"]})
+            return p
+
+        def dry_run(template: str) -> dict[str, Obj]:
+            p = {**pod(template), "metadata": {"name": f"dry-{template}", "namespace": s.ns}}
+            out = s.kube.request("POST", pod_path(s.ns), p, query={"dryRun": "All"})
+            return {c["name"]: c.get("resources") or {} for c in out["spec"]["containers"]}
+
+        # The policy, its binding and the profile's status reach the apiserver's admission through informers:
+        # dry-run creates until the mutation shows (the positive signal), then the real pod.
+        mutated = wait_for(lambda: (r := dry_run("aligned"))["main"].get("requests") and r, 60,
+                           "the policy writes requests.cpu")
+        assert mutated["main"]["requests"] == {"cpu": "64"} and mutated["main"]["limits"] == {"cpu": "64"}
+        assert "requests" not in mutated["side"]  # a container without the claim is left alone
+        plain = dry_run("plain")  # a profile without alignCpus changes nothing
+        assert plain["main"] == {"claims": [{"name": "gpus"}]}, plain
+
+        s.pod("aligned-0", "aligned", s.nodes(), pod("aligned"))
+        stored = s.get_pod("aligned-0")["spec"]["containers"][0]["resources"]
+        assert stored["requests"] == {"cpu": "64"} and stored["limits"] == {"cpu": "64"}
+        node, results = s.wait_allocated("aligned-0")
+        check_aligned(s, node, results)
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", str(POD_CPU_POLICY))
