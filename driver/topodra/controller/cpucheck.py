@@ -103,5 +103,8 @@ def readiness(kube: Kube, profile: ClaimProfile, settings: CpuSettings, driver: 
         return None
     device_class = kube.get(device_class_path(settings.device_class))
     cpu_slices = list(kube.list(slices_path(), field_selector=f"spec.driver={cpudriver.DRIVER}"))
-    gpu_slices = list(kube.list(slices_path(), field_selector=f"spec.driver={driver}"))
+    # topodra's GPUs always publish the standard attribute; another one only with the plugin's --numa-alias,
+    # so only then are its slices read (they are the cluster's biggest list).
+    gpu_slices = ([] if settings.numa_attribute == cpudriver.STANDARD_NUMA
+                  else list(kube.list(slices_path(), field_selector=f"spec.driver={driver}")))
     return decide(profile, settings, device_class, cpu_slices, gpu_slices)
