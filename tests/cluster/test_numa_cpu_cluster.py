@@ -23,6 +23,7 @@ from topodra import cpudriver
 from topodra.apipaths import claim_path, device_class_path, pod_path, profile_path, slices_path, template_path
 from topodra.controller.cpucheck import MISSING, NO_ATTRIBUTE, CpuSettings
 from topodra.controller.operator import ControllerConfig, Outcome, SnapshotCache, process
+from topodra.kube import KubeError
 
 pytestmark = pytest.mark.cluster
 
@@ -254,3 +255,21 @@ def test_the_admission_policy_writes_the_pods_cpu_request(cluster: ClusterHandle
         check_aligned(s, node, results)
     finally:
         cluster.kubectl("delete", "--ignore-not-found", "-f", str(POD_CPU_POLICY))
+
+
+@pytest.mark.parametrize(("align", "counts", "needle"), [
+    ({"cpusPerGpu": 8}, (8, 4), "alignCpus needs the same count in every alternative"),
+    ({"cpusPerGpu": 0}, (8,), "should be greater than or equal to 1"),
+    ({"cpusPerGpu": 8, "gpusPerNumaNode": 33}, (8,), "should be less than or equal to 32"),
+    ({"gpusPerNumaNode": 4}, (8,), "cpusPerGpu: Required value"),
+])
+def test_the_crd_rejects_bad_align_cpus(cluster: ClusterHandle, align: Obj, counts: tuple[int, ...],
+                                        needle: str) -> None:
+    cluster.install_claimprofile_crd()
+    ns = cluster.namespace("badcpu")
+    body = {"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile", "metadata": {"name": "bad"}, "spec": {
+        "alternatives": [{"name": f"a{i}", "deviceClassName": "gpu-h100", "count": c} for i, c in enumerate(counts)],
+        "alignCpus": align}}
+    with pytest.raises(KubeError) as err:
+        cluster.kube.create(profile_path(ns), body)
+    assert err.value.status == 422 and needle in str(err.value), err.value
