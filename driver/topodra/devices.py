@@ -72,7 +72,7 @@ class Device(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="DNS label, unique in the node's pool, e.g. gpu-0 or nic-3")
-    kind: Literal["gpu", "nic", "mig"]
+    kind: Literal["gpu", "nic", "mig", "cpu"]  # cpu: dra-driver-cpu's devices, published by the simulator only
     # Published: keys are unqualified for our driver's domain, or fully qualified
     # (e.g. resource.kubernetes.io/pcieRoot) for cross-driver standard attributes.
     attributes: dict[str, AttributeValue] = Field(default_factory=dict)

@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from topodra import DEFAULT_DRIVER_NAME
-from topodra.apipaths import node_path, slices_path
+from topodra import DEFAULT_DRIVER_NAME, cpudriver
+from topodra.apipaths import device_class_path, node_path, slices_path
 from topodra.devices import Device
 from topodra.fabric import TIERS, fabric_labels
 from topodra.fabricfile import ClusterFabric, GroupFabric, check_nesting, group_tiers
@@ -69,6 +69,8 @@ class SimulatedCluster(BaseModel):
     driver_name: str = Field(default=DEFAULT_DRIVER_NAME, alias="driverName")
     groups: list[NodeGroup] = Field(min_length=1)
     fabric: ClusterFabric | None = Field(default=None, description="uniform tiers over the nodes in file order")
+    # Also publish dra-driver-cpu's grouped-mode slices of this release on every node (topodra.cpudriver).
+    cpu_driver: cpudriver.Release | None = Field(default=None, alias="cpuDriver")
 
     @model_validator(mode="after")
     def _check(self) -> SimulatedCluster:
@@ -140,6 +142,22 @@ def discover(node: SimNode) -> list[Device]:
     return load_backend(f"mock:{node.profile}", node.name, overrides=node.overrides).discover()
 
 
+def cpu_devices(node: SimNode, release: cpudriver.Release) -> list[Device]:
+    """dra-driver-cpu's grouped-mode devices for the node's mock NUMA table.
+
+    Mock profiles carry no SMT facts: a NUMA node whose CPU list is two ranges of one length (Linux numbers the
+    second threads of the cores after the first ones) counts as SMT on, one range (Grace) as off.
+    """
+    from topodra.hardware.mockprofile import load_profile
+    from topodra.hardware.sysfs import parse_cpulist
+
+    numa = load_profile(node.profile).numa
+    table = [(n.node, n.socket, len(parse_cpulist(n.cpus))) for n in numa]
+    ranges = [n.cpus.split(",") for n in numa]
+    smt = all(len(r) == 2 and len(parse_cpulist(r[0])) == len(parse_cpulist(r[1])) for r in ranges)
+    return cpudriver.grouped_devices(table, release, smt=smt)
+
+
 def fake_node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A kubelet-less Node as a real one looks to the scheduler (labels, capacity)."""
     return {"apiVersion": "v1", "kind": "Node",
@@ -170,7 +188,7 @@ def with_fabric(current: dict[str, str], labels: dict[str, str]) -> dict[str, st
     return {**labels, **fabric.labels}
 
 
-def ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
+def ensure_node(kube: Kube, name: str, labels: dict[str, str], cpu: str = "128") -> None:
     """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready."""
     existing = kube.get(node_path(name))
     labels = with_fabric((existing or {}).get("metadata", {}).get("labels") or {}, labels)
@@ -179,7 +197,7 @@ def ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
     elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
         kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
     if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
-        kube.merge_patch(node_path(name) + "/status", fake_node_status(name))
+        kube.merge_patch(node_path(name) + "/status", fake_node_status(name, cpu=cpu))
 
 
 class Simulation:
@@ -190,22 +208,39 @@ class Simulation:
         self.cluster = cluster
         self.nodes = plan(cluster)
         self.publishers: dict[str, SlicePublisher] = {}
+        self.cpu_publishers: dict[str, SlicePublisher] = {}  # cluster file's cpuDriver
 
     def setup(self) -> None:
         """Discover every node's mock hardware, then create its Node object (API calls run concurrently)."""
         t0 = time.monotonic()
         devices = {n.name: discover(n) for n in self.nodes}  # CPU-bound: threads would only contend
+        release = self.cluster.cpu_driver
+        if release is not None:  # v0.2.0: the plugin runs with --numa-alias dra.net/numaNode (docs/deploy.md)
+            alias = cpudriver.LEGACY_NUMA if release == "v0.2.0" else None
+            devices = {name: cpudriver.with_numa_alias(devs, alias) for name, devs in devices.items()}
+            if self.kube.get(device_class_path(cpudriver.DRIVER)) is None:
+                self.kube.create(device_class_path(), cpudriver.device_class())
+            for n in self.nodes:
+                self.cpu_publishers[n.name] = SlicePublisher(self.kube, cpudriver.DRIVER, n.name,
+                                                             Inventory(cpu_devices(n, release)), min_write_interval=0)
         t1 = time.monotonic()
         with ThreadPoolExecutor(API_WORKERS) as pool:
             # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win,
             # except that Topograph's tiers on an existing Node win over the file's tier names.
-            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}),
-                          self.nodes))
+            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels},
+                                                **self._node_cpu(n)), self.nodes))
         for n in self.nodes:
             self.publishers[n.name] = SlicePublisher(self.kube, self.cluster.driver_name, n.name,
                                                      Inventory(devices[n.name]), min_write_interval=0)
         log.info("simulating %d nodes (discovery + node objects in %.1fs; discovery %.1fs)", len(self.nodes),
                  time.monotonic() - t0, t1 - t0)
+
+    def _node_cpu(self, n: SimNode) -> dict[str, str]:
+        """With the CPU driver, a node's allocatable cpu is its logical CPUs: pods repeat their claimed CPUs there."""
+        pub = self.cpu_publishers.get(n.name)
+        if pub is None:
+            return {}
+        return {"cpu": str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in pub.inventory.devices))}
 
     def reconcile_all(self) -> int:
         """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written."""
@@ -218,7 +253,7 @@ class Simulation:
                 return 0
 
         with ThreadPoolExecutor(API_WORKERS) as pool:
-            return sum(pool.map(one, self.publishers.items()))
+            return sum(pool.map(one, [*self.publishers.items(), *self.cpu_publishers.items()]))
 
     def run(self, stop: threading.Event, resync: float) -> None:
         while not stop.is_set():
@@ -229,10 +264,12 @@ class Simulation:
 
     def delete(self) -> None:
         """Remove the simulated nodes' slices and the Node objects this tool created."""
+        drivers = [self.cluster.driver_name] + ([cpudriver.DRIVER] if self.cluster.cpu_driver else [])
+
         def one(n: SimNode) -> None:
-            for sl in self.kube.list(slices_path(), field_selector=
-                                     f"spec.driver={self.cluster.driver_name},spec.nodeName={n.name}"):
-                self.kube.delete(slices_path(sl["metadata"]["name"]))
+            for driver in drivers:
+                for sl in self.kube.list(slices_path(), field_selector=f"spec.driver={driver},spec.nodeName={n.name}"):
+                    self.kube.delete(slices_path(sl["metadata"]["name"]))
             node = self.kube.get(node_path(n.name))
             if node and FAKE_NODE_LABEL in node["metadata"].get("labels", {}):
                 self.kube.delete(node_path(n.name))

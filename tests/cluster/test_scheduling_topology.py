@@ -45,12 +45,16 @@ Obj = dict[str, Any]
 class Scenario:
     """Simulated nodes plus a namespace for one test; ``close()`` removes pods, nodes and slices."""
 
-    def __init__(self, cluster: ClusterHandle, groups: list[tuple[str, str, int]], prefix: str = "sched") -> None:
-        """``groups``: (role, mock profile, count); node names are ``s<run>-<role>-<i>``."""
+    def __init__(self, cluster: ClusterHandle, groups: list[tuple[str, str, int]], prefix: str = "sched",
+                 cpu_driver: str | None = None) -> None:
+        """``groups``: (role, mock profile, count); node names are ``s<run>-<role>-<i>``.
+
+        ``cpu_driver``: the cluster file's ``cpuDriver`` (dra-driver-cpu's slices too, test_numa_cpu_cluster.py).
+        """
         self.cluster = cluster
         self.kube = cluster.kube
         self.run = uuid.uuid4().hex[:5]
-        spec = SimulatedCluster.model_validate({"groups": [
+        spec = SimulatedCluster.model_validate({"cpuDriver": cpu_driver, "groups": [
             {"namePrefix": f"s{self.run}-{role}-", "count": count, "profile": profile,
              "labels": {RUN_LABEL: self.run}} for role, profile, count in groups]})
         self.sim = Simulation(self.kube, spec)
@@ -60,7 +64,8 @@ class Scenario:
         try:
             self.sim.setup()
             written = self.sim.reconcile_all()
-            assert written == sum(c for _r, _p, c in groups), f"only {written} pools published"
+            pools = sum(c for _r, _p, c in groups) * (2 if cpu_driver else 1)  # a CPU pool per node
+            assert written == pools, f"only {written} pools published"
             self.ns = cluster.namespace(prefix)
             self._attrs: dict[tuple[str, str], Obj] = {}
             self.wait_scheduler_sees_all_gpus()
@@ -353,8 +358,8 @@ def scenario_maker(cluster: ClusterHandle) -> Iterator[Callable[..., Scenario]]:
     cluster.apply_yaml(REPO / "deviceclasses")
     made: list[Scenario] = []
 
-    def make(groups: list[tuple[str, str, int]], prefix: str = "sched") -> Scenario:
-        s = Scenario(cluster, groups, prefix)
+    def make(groups: list[tuple[str, str, int]], prefix: str = "sched", cpu_driver: str | None = None) -> Scenario:
+        s = Scenario(cluster, groups, prefix, cpu_driver)
         made.append(s)
         return s
 

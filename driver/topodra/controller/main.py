@@ -20,7 +20,8 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from topodra import DEFAULT_DRIVER_NAME
+from topodra import DEFAULT_DRIVER_NAME, cpudriver
+from topodra.controller.cpucheck import CpuSettings
 from topodra.controller.leader import LeaderElector
 from topodra.controller.operator import (
     ControllerConfig,
@@ -44,6 +45,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default)")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     parser.add_argument("--nic-class", default=DEFAULT_NIC_CLASS, help="DeviceClass for RailAligned NICs")
+    parser.add_argument("--cpu-class", default=cpudriver.DRIVER,
+                        help="DeviceClass of dra-driver-cpu for alignCpus (default dra.cpu)")
+    parser.add_argument("--cpu-numa-attribute", default=cpudriver.STANDARD_NUMA,
+                        help="attribute alignCpus matches GPUs, NICs and CPUs on (default "
+                             "resource.kubernetes.io/numaNode, dra-driver-cpu main; dra.net/numaNode for v0.2.0)")
+    parser.add_argument("--allow-unaligned-cpus", action="store_true",
+                        help="without dra-driver-cpu, render alignCpus profiles without CPUs instead of refusing them")
     parser.add_argument("--refresh-interval", type=float, default=30.0,
                         help="seconds between availability/status refreshes of every profile")
     parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
@@ -115,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = ControllerConfig(driver=args.driver_name, nic_class=args.nic_class,
                            namespaces=tuple(args.namespace), refresh_interval_s=args.refresh_interval,
-                           snapshot_ttl_s=min(10.0, args.refresh_interval))
+                           snapshot_ttl_s=min(10.0, args.refresh_interval),
+                           cpu=CpuSettings(device_class=args.cpu_class, numa_attribute=args.cpu_numa_attribute,
+                                           allow_unaligned=args.allow_unaligned_cpus))
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
     except Exception as e:  # kubeconfig missing/invalid: say so, start nothing

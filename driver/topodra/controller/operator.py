@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from topodra.apipaths import (
     template_path,
 )
 from topodra.controller.availability import AlternativeStatus, Snapshot, make_snapshot, profile_availability
+from topodra.controller.cpucheck import CpuReadiness, CpuSettings, readiness
 from topodra.controller.kueue import class_models_from, queueing_status
 from topodra.controller.profile import API_VERSION, KIND, ClaimProfile, ProfileError
 from topodra.controller.render import (
@@ -68,6 +69,7 @@ class ControllerConfig:
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     refresh_interval_s: float = 30.0
     snapshot_ttl_s: float = 10.0
+    cpu: CpuSettings = field(default_factory=CpuSettings)  # alignCpus (controller/cpucheck.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Outcome:
     template_name: str | None = None
     template_hash: str | None = None
     action: str = "unchanged"  # created | replaced | unchanged | none
+    cpu: CpuReadiness | None = None  # profiles with alignCpus
 
 
 class SnapshotCache:
@@ -138,6 +141,15 @@ def reconcile(kube: Kube, body: Obj, cfg: ControllerConfig) -> Outcome:
         tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class)
     except ProfileError as e:
         return Outcome(False, "InvalidSpec", str(e))
+    cpu = readiness(kube, profile, cfg.cpu, cfg.driver)
+    if cpu is not None:
+        if not cpu.ok:
+            return Outcome(False, cpu.reason, cpu.message, cpu=cpu)
+        tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class, cpu=cpu.options)
+    return replace(_reconcile_template(kube, profile, tmpl, cfg, who), cpu=cpu)
+
+
+def _reconcile_template(kube: Kube, profile: ClaimProfile, tmpl: Obj, cfg: ControllerConfig, who: str) -> Outcome:
     wanted = device_class_names(profile, cfg.nic_class)
     missing = [c for c in wanted if kube.get(device_class_path(c)) is None]
     if missing:
@@ -195,6 +207,10 @@ def build_status(existing: Obj | None, outcome: Outcome, generation: int,
     }
     if alternatives is not None:
         status["alternatives"] = [a.to_api() for a in alternatives]
+    status["cpuAlignment"] = outcome.cpu.to_api() if outcome.cpu is not None else None
+    if outcome.cpu is not None:
+        status["conditions"].append(_condition(conds, "CpusAligned", "True" if outcome.cpu.aligned else "False",
+                                               outcome.cpu.reason, outcome.cpu.message, generation, stamp))
     return status
 
 

@@ -22,6 +22,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ClaimProfile"
 
 MAX_ALTERNATIVES = 8
+MAX_REQUESTS = 32  # DeviceClaim.requests and .constraints: at most 32 each
+MAX_CPUS_PER_GPU = 512
 MAX_COUNT = 32  # AllocationResultsMaxSize: a claim holds at most 32 devices
 ALT_NAME_MAX = 40  # leaves room for the "-nvlink-numa" suffix inside a 63-char DNS label
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -84,6 +86,19 @@ class Topology(BaseModel):
     order: Literal["AlternativesFirst", "TopologyFirst"] = "AlternativesFirst"
 
 
+class AlignCpus(BaseModel):
+    """CPUs from dra-driver-cpu (grouped mode) on the NUMA nodes of the claim's GPUs (controller/cpualign.py).
+
+    ``gpusPerNumaNode`` exists because one ``matchAttribute`` holds one value for every device it covers: 8 GPUs
+    of a DGX sit on two NUMA nodes, so they are asked for as two groups of 4, each with its own CPUs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    cpus_per_gpu: int = Field(alias="cpusPerGpu", ge=1, le=MAX_CPUS_PER_GPU)
+    gpus_per_numa_node: int | None = Field(default=None, alias="gpusPerNumaNode", ge=1, le=MAX_COUNT)
+
+
 class ClaimProfileSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -92,6 +107,7 @@ class ClaimProfileSpec(BaseModel):
     # Kueue: pods ask for the generic extended resource and a LocalQueue (controller/kueue.py).
     queueing: Literal["None", "Kueue"] = "None"
     local_queue: str | None = Field(default=None, alias="localQueue", max_length=63)
+    align_cpus: AlignCpus | None = Field(default=None, alias="alignCpus")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClaimProfileSpec:
@@ -116,7 +132,37 @@ class ClaimProfileSpec(BaseModel):
             if "Preferred" in (self.topology.nvlink, self.topology.numa):
                 raise ValueError("topology.nic RailAligned cannot be combined with a Preferred nvlink/numa "
                                  "placement; use Required or None")
+        if self.align_cpus is not None:
+            align_cpus_checks(self)
         return self
+
+
+def align_cpus_checks(spec: ClaimProfileSpec) -> None:
+    """What alignCpus needs from the rest of the spec (the request shapes of controller/cpualign.py)."""
+    align = spec.align_cpus
+    assert align is not None
+    counts = sorted({a.count for a in spec.alternatives})
+    if len(counts) > 1:
+        raise ValueError(f"alignCpus needs the same count in every alternative (got {counts}): the CPUs "
+                         "asked for are cpusPerGpu x count")
+    count = counts[0]
+    per_numa = align.gpus_per_numa_node or count
+    if count % per_numa:
+        raise ValueError(f"alignCpus.gpusPerNumaNode {per_numa} must divide the GPU count {count}")
+    groups = count // per_numa
+    topo = spec.topology
+    if "Preferred" in (topo.nvlink, topo.numa):
+        raise ValueError("alignCpus cannot be combined with a Preferred nvlink/numa placement; use Required or None")
+    if topo.numa == "Required" and groups > 1:
+        raise ValueError(f"topology.numa Required puts all {count} GPUs on one NUMA node, but "
+                         f"alignCpus.gpusPerNumaNode {per_numa} splits them over {groups}; drop one of the two")
+    if spec.queueing == "Kueue":
+        raise ValueError("alignCpus cannot be combined with queueing Kueue: Kueue's quota does not count "
+                         "dra.cpu capacity")
+    if topo.nic == "RailAligned" and 2 * count + groups > MAX_REQUESTS:
+        raise ValueError(f"alignCpus with topology.nic RailAligned needs {2 * count + groups} requests "
+                         f"(a GPU and a NIC request per GPU, a CPU request per NUMA node); a claim allows "
+                         f"{MAX_REQUESTS}: at most {(MAX_REQUESTS - groups) // 2} GPUs")
 
 
 class ProfileRef(BaseModel):

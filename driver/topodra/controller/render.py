@@ -17,6 +17,8 @@ Shape of the result (see docs/user-guide.md for the reasoning):
   these devices share one rail", so each GPU gets its own request ``gpu-<i>``
   paired with ``nic-<i>`` and one rail constraint per pair; with several GPUs a
   ``model`` constraint keeps them one model.
+* ``alignCpus`` -> CPU requests for dra-driver-cpu and one NUMA ``matchAttribute`` per group of GPUs
+  (controller/cpualign.py, which says why groups).
 
 The template carries a hash of its spec so the controller can tell when the
 (immutable) template must be replaced.
@@ -30,6 +32,8 @@ from itertools import combinations
 from typing import Any
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.controller import cpualign
+from topodra.controller.cpualign import DEFAULT_CPU, CpuOptions
 from topodra.controller.profile import (
     API_VERSION,
     KIND,
@@ -136,13 +140,14 @@ def _rail_requests(profile: ClaimProfile, driver: str, nic_class: str) -> tuple[
 
 
 def claim_spec(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
-               nic_class: str = DEFAULT_NIC_CLASS) -> dict[str, Any]:
-    """The ResourceClaimSpec (``{"devices": ...}``) for a profile."""
+               nic_class: str = DEFAULT_NIC_CLASS, cpu: CpuOptions | None = DEFAULT_CPU) -> dict[str, Any]:
+    """The ResourceClaimSpec (``{"devices": ...}``) for a profile; ``cpu`` None renders alignCpus without CPUs."""
     if profile.spec.topology.nic == "RailAligned":
         requests, constraints = _rail_requests(profile, driver, nic_class)
     else:
         request, constraints = _gpu_request(profile, driver)
         requests = [request]
+    requests, constraints = cpualign.apply(profile, requests, constraints, driver, cpu)
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
         devices["constraints"] = constraints
@@ -156,12 +161,12 @@ def spec_hash(spec: dict[str, Any]) -> str:
 
 
 def render_template(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
-                    nic_class: str = DEFAULT_NIC_CLASS) -> dict[str, Any]:
+                    nic_class: str = DEFAULT_NIC_CLASS, cpu: CpuOptions | None = DEFAULT_CPU) -> dict[str, Any]:
     """The ResourceClaimTemplate for a profile: same name and namespace, owned by it."""
     meta = profile.metadata
     template_spec = {
         "metadata": {"labels": {PROFILE_LABEL: meta.name}},
-        "spec": claim_spec(profile, driver=driver, nic_class=nic_class),
+        "spec": claim_spec(profile, driver=driver, nic_class=nic_class, cpu=cpu),
     }
     owner = {"apiVersion": API_VERSION, "kind": KIND, "name": meta.name, "uid": meta.uid,
              "controller": True, "blockOwnerDeletion": False}

@@ -25,6 +25,7 @@ from topodra.nodelabels import label_value
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 POD_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,62}$")
+NUMA_ALIAS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")  # an attribute's C identifier (<= 32 characters)
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 # Below Linux's ephemeral range (32768-60999), so an outgoing connection can never hold them.
@@ -98,6 +99,9 @@ FLAGS: tuple[Flag, ...] = (
          "leaf-group, scalable-unit and spine-group from Topograph's labels, else --hardware-config's "
          "leafGroup/scalableUnit/spineGroup; rail-group from railGroup) in sync with discovery; "
          "false: never write the Node (default true)", "BOOL"),
+    Flag("numa_alias", "also publish each GPU's and NIC's NUMA node under this attribute, for a CPU driver that "
+         "lacks resource.kubernetes.io/numaNode: dra.net/numaNode for dra-driver-cpu v0.2.0 (default none)",
+         "ATTRIBUTE"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
 NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
@@ -134,6 +138,7 @@ class PluginConfig(BaseModel):
     health_poll_interval: float = Field(default=5.0, gt=0)
     health_no_execute: tuple[str, ...] = ()
     node_labels: bool = True
+    numa_alias: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +187,16 @@ class PluginConfig(BaseModel):
             if bad:
                 raise ValueError(f"{bad} are not XID codes or one of {sorted(NO_EXECUTE_NAMES)}")
         return names
+
+    @field_validator("numa_alias")
+    @classmethod
+    def _qualified_attribute(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        domain, _, name = v.partition("/")
+        if not (DNS_SUBDOMAIN.match(domain) and NUMA_ALIAS_NAME.match(name)):
+            raise ValueError(f"{v!r} is not a qualified attribute name like dra.net/numaNode")
+        return v
 
     @field_validator("pod_uid")
     @classmethod

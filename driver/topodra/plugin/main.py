@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from topodra.cpudriver import with_numa_alias
 from topodra.plugin import config
 from topodra.plugin.config import ConfigError, PluginConfig
 
@@ -86,7 +87,7 @@ class Plugin:
 
     def discover(self) -> list[Device]:
         """Read --hardware-config and discover devices (mock devices get no host device nodes)."""
-        return self.backend().discover()
+        return with_numa_alias(self.backend().discover(), self.cfg.numa_alias)
 
     def rediscover(self) -> None:
         """Hardware or its config changed (or may have): set the inventory; its subscribers follow."""
