@@ -45,14 +45,15 @@ Obj = dict[str, Any]
 class Scenario:
     """Simulated nodes plus a namespace for one test; ``close()`` removes pods, nodes and slices."""
 
-    def __init__(self, cluster: ClusterHandle, groups: list[tuple[str, str, int]], prefix: str = "sched") -> None:
-        """``groups``: (role, mock profile, count); node names are ``s<run>-<role>-<i>``."""
+    def __init__(self, cluster: ClusterHandle, groups: list[tuple[str, str, int]], prefix: str = "sched",
+                 labels: dict[str, dict[str, str]] | None = None) -> None:
+        """``groups``: (role, mock profile, count); node names are ``s<run>-<role>-<i>``; ``labels``: per role."""
         self.cluster = cluster
         self.kube = cluster.kube
         self.run = uuid.uuid4().hex[:5]
         spec = SimulatedCluster.model_validate({"groups": [
             {"namePrefix": f"s{self.run}-{role}-", "count": count, "profile": profile,
-             "labels": {RUN_LABEL: self.run}} for role, profile, count in groups]})
+             "labels": {**(labels or {}).get(role, {}), RUN_LABEL: self.run}} for role, profile, count in groups]})
         self.sim = Simulation(self.kube, spec)
         self.roles = {role: [f"s{self.run}-{role}-{i}" for i in range(count)] for role, _p, count in groups}
         self.ns = ""
