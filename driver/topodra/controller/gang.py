@@ -153,7 +153,8 @@ def choose(profile: ClaimProfile, snap: Snapshot, *, driver: str, nic_class: str
         if holding:
             return Choice(alt.effective_name, level, True, len(holding),
                           message=f"{alt.effective_name} in {where}: {len(holding)} domain(s) hold all {pods} pods "
-                                  f"now ({', '.join(holding[:5])}{', ...' if len(holding) > 5 else ''})")
+                                  f"now ({', '.join(holding[:5])}{', ...' if len(holding) > 5 else ''})"
+                                  + (f"; preferred but too small now: {'; '.join(tried)}" if tried else ""))
         tried.append(f"{alt.effective_name} in {where}: at most {max(per_domain.values(), default=0)} of {pods}")
     known = [a for a in spec.alternatives if caps[a.effective_name] is not None]
     first = (known or list(spec.alternatives))[0]

@@ -110,7 +110,7 @@ def test_no_leaf_group_holds_it_so_one_scalable_unit() -> None:
     # 2 + 2 H100 nodes in two leaf groups of su1, 3 in su2: only su1 holds 4 pods.
     c = pick({**GANG, "alternatives": [GANG["alternatives"][1]]}, fabric(0, {"l1": 2, "l2": 2, "l3": 3}))
     assert (c.alternative, c.level, c.fits, c.domains) == ("h100", "scalableUnit", True, 1)
-    assert "su1" in c.message
+    assert "su1" in c.message and "preferred but too small now: h100 in one leafGroup: at most 3 of 4" in c.message
 
 
 def test_allocated_devices_do_not_count() -> None:
