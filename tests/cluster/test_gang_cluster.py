@@ -25,6 +25,7 @@ from testkit.paths import REPO
 
 from topodra.apipaths import profile_path, template_path
 from topodra.controller.gang import podgroup_path
+from topodra.kube import KubeError
 
 pytestmark = pytest.mark.cluster
 
@@ -235,3 +236,19 @@ def test_h200_else_h100_for_the_whole_gang(gang_cluster: ClusterHandle) -> None:
             assert all("H100" in m for m in models), models
     finally:
         sc.close()
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({"acrossNodes": {"sameDomain": ["leafGroup"]}}, "acrossNodes needs pods"),
+    ({"pods": 1}, "should be greater than or equal to 2"),
+    ({"pods": 4, "queueing": "Kueue", "localQueue": "q"}, "cannot be combined with queueing Kueue"),
+    ({"pods": 4, "acrossNodes": {"sameDomain": []}}, "should have at least 1 items"),
+])
+def test_crd_refuses_bad_gang_specs(gang_cluster: ClusterHandle, spec: Obj, needle: str) -> None:
+    ns = gang_cluster.namespace("gangbad")
+    with pytest.raises(KubeError) as err:
+        gang_cluster.kube.create(profile_path(ns), {
+            "apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile", "metadata": {"name": "bad"},
+            "spec": {"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], **spec}})
+    assert err.value.status == 422
+    assert needle in err.value.message, err.value.message
