@@ -252,3 +252,42 @@ def test_crd_refuses_bad_gang_specs(gang_cluster: ClusterHandle, spec: Obj, need
             "spec": {"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], **spec}})
     assert err.value.status == 422
     assert needle in err.value.message, err.value.message
+
+
+def test_choice_moves_while_no_pod_exists(gang_cluster: ClusterHandle) -> None:
+    """Before the job's pods exist, the controller re-evaluates: a freed H200 node moves the whole job to H200.
+
+    The PodGroup's topology is immutable and the template too, so both are replaced; on the real apiserver the old
+    PodGroup carries the PodGroup protection finalizer until kube-controller-manager sees no pod names it.
+    """
+    sc = Scenario(gang_cluster, [("h200", "dgx-h200", 4), ("h100", "dgx-h100", 4)], prefix="gang",
+                  labels=labels(h200=("l1", "su1"), h100=("l2", "su1")))
+    try:
+        with controller(sc):
+            sc.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                       "metadata": {"name": "eight"}, "spec": {"spec": {"devices": {"requests": [
+                           {"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.io", "count": 8}}]}}}})
+            sc.pod("blocker", "eight", [sc.nodes("h200")[0]])
+            sc.wait_allocated("blocker")
+            profile(sc, JOB, ["gpu-h200", "gpu-h100"], ["leafGroup"])
+            wait_gang(sc, JOB, "H100 while one H200 node is taken", fitsNow=True, alternative="h100")
+            old = sc.kube.get(podgroup_path(sc.ns, JOB)) or {}
+            sc.release("blocker")
+            wait_gang(sc, JOB, "the whole job to move to H200", fitsNow=True, alternative="h200")
+
+            def replaced() -> Obj | None:
+                pg = sc.kube.get(podgroup_path(sc.ns, JOB)) or {}
+                meta = pg.get("metadata") or {}
+                ok = (meta.get("annotations") or {}).get("topodra.io/gang-alternative") == "h200"
+                return pg if ok and not meta.get("deletionTimestamp") else None
+            new: Obj = wait_for(replaced, 60, "the PodGroup rendered for H200")
+            assert new["metadata"]["uid"] != old["metadata"]["uid"]
+            assert new["metadata"]["annotations"]["topodra.io/gang-alternative"] == "h200"
+            tmpl = sc.kube.get(template_path(sc.ns, JOB)) or {}
+            assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu-h200"
+            got = placed(sc, job_pods(sc, JOB, sc.nodes()))
+            assert sorted(n for n, _d in got) == sorted(sc.nodes("h200"))
+            g = wait_gang(sc, JOB, "status to show the choice fixed and the pods bound", fixed=True, podsBound=4)
+            assert (g["alternative"], g["domain"]) == ("h200", "l1"), g
+    finally:
+        sc.close()
