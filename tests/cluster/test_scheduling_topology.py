@@ -46,8 +46,8 @@ class Scenario:
     """Simulated nodes plus a namespace for one test; ``close()`` removes pods, nodes and slices."""
 
     def __init__(self, cluster: ClusterHandle, groups: list[tuple[str, str, int]], prefix: str = "sched",
-                 cpu_driver: str | None = None) -> None:
-        """``groups``: (role, mock profile, count); node names are ``s<run>-<role>-<i>``.
+                 cpu_driver: str | None = None, labels: dict[str, dict[str, str]] | None = None) -> None:
+        """``groups``: (role, mock profile, count); node names are ``s<run>-<role>-<i>``; ``labels``: per role.
 
         ``cpu_driver``: the cluster file's ``cpuDriver`` (dra-driver-cpu's slices too, test_numa_cpu_cluster.py).
         """
@@ -56,7 +56,7 @@ class Scenario:
         self.run = uuid.uuid4().hex[:5]
         spec = SimulatedCluster.model_validate({"cpuDriver": cpu_driver, "groups": [
             {"namePrefix": f"s{self.run}-{role}-", "count": count, "profile": profile,
-             "labels": {RUN_LABEL: self.run}} for role, profile, count in groups]})
+             "labels": {**(labels or {}).get(role, {}), RUN_LABEL: self.run}} for role, profile, count in groups]})
         self.sim = Simulation(self.kube, spec)
         self.roles = {role: [f"s{self.run}-{role}-{i}" for i in range(count)] for role, _p, count in groups}
         self.ns = ""

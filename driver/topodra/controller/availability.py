@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -76,6 +76,8 @@ class Snapshot:
     # Nodes no ordinary pod can land on now (cordoned, not Ready, NoSchedule/NoExecute taints):
     # their free devices still count as free, but the node does not count in nodesFit.
     unavailable_nodes: frozenset[str] = frozenset()
+    # Node name -> labels: where each node sits in the fabric (multi-node profiles, controller/gang.py).
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def published_devices(slices: Iterable[Obj], driver: str, taint_rules: Iterable[Obj] = ()) -> list[PublishedDevice]:
@@ -105,11 +107,14 @@ def unavailable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
 def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterable[Obj],
                   driver: str = DEFAULT_DRIVER_NAME, nodes: Iterable[Obj] = (),
                   taint_rules: Iterable[Obj] = ()) -> Snapshot:
+    nodes = list(nodes)
     return Snapshot(
         devices=tuple(published_devices(slices, driver, taint_rules)),
         allocated=allocated_devices(claims, driver),
         classes={(c.get("metadata") or {}).get("name", ""): c for c in classes},
         unavailable_nodes=unavailable_nodes(nodes),
+        node_labels={str((n.get("metadata") or {}).get("name", "")): dict((n.get("metadata") or {}).get("labels") or {})
+                     for n in nodes},
     )
 
 

@@ -39,6 +39,7 @@ from topodra.apipaths import (
     slices_path,
     template_path,
 )
+from topodra.controller import gang
 from topodra.controller.availability import AlternativeStatus, Snapshot, make_snapshot, profile_availability
 from topodra.controller.cpucheck import CpuReadiness, CpuSettings, readiness
 from topodra.controller.kueue import class_models_from, queueing_status
@@ -132,12 +133,17 @@ def _owned_by_profile(tmpl: Obj, profile: ClaimProfile) -> bool:
     return labels.get(MANAGED_BY[0]) == MANAGED_BY[1] and labels.get(PROFILE_LABEL) == profile.metadata.name
 
 
-def reconcile(kube: Kube, body: Obj, cfg: ControllerConfig) -> Outcome:
-    """Validate the profile and make its template current.  Raises KubeError on API failures."""
+def reconcile(kube: Kube, body: Obj, cfg: ControllerConfig, alternative: str | None = None) -> Outcome:
+    """Validate the profile and make its template current.  Raises KubeError on API failures.
+
+    ``alternative``: render only that one (a multi-node profile's choice for the whole gang, controller/gang.py).
+    """
     meta = body.get("metadata") or {}
     who = f"{meta.get('namespace')}/{meta.get('name')}"
     try:
         profile = ClaimProfile.from_api(body)
+        if alternative is not None:
+            profile = gang.restricted(profile, alternative)
         tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class)
     except ProfileError as e:
         return Outcome(False, "InvalidSpec", str(e))
@@ -262,10 +268,11 @@ def process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) 
 def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) -> Outcome:
     meta = body.get("metadata") or {}
     ns, name = meta.get("namespace", ""), meta.get("name", "")
-    outcome = reconcile(kube, body, cfg)
+    snap = cache.get(kube)
+    gang_plan = _gang_plan(kube, body, cfg, snap)
+    outcome = reconcile(kube, body, cfg, gang_plan.choice.alternative if gang_plan else None)
     alternatives: list[AlternativeStatus] | None = None
     note = ""
-    snap = cache.get(kube)
     if isinstance(snap, str):
         note = snap
     elif outcome.reason != "InvalidSpec":
@@ -276,6 +283,12 @@ def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache)
     status = build_status(old_status, outcome, int(meta.get("generation") or 0), alternatives, note,
                           datetime.now(UTC))
     _queueing(kube, body, outcome, status)
+    if gang_plan is not None:
+        gang_note = gang.apply(kube, ClaimProfile.from_api(body), gang_plan) if outcome.ok else outcome.message
+        status["gang"] = gang.gang_status(ClaimProfile.from_api(body), gang_plan.choice, gang_plan.pods, snap,
+                                          gang_note)
+    else:
+        status["gang"] = None
     kube.merge_patch(profile_path(ns, name) + "/status", {"status": status})
     old_ready: Obj = next((c for c in old_status.get("conditions") or [] if c.get("type") == "Ready"), {})
     if not outcome.ok and old_ready.get("reason") != outcome.reason:
@@ -284,6 +297,17 @@ def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache)
     elif outcome.action in ("created", "replaced"):
         post_event(kube, body, "Normal", "Template" + outcome.action.capitalize(), outcome.message)
     return outcome
+
+
+def _gang_plan(kube: Kube, body: Obj, cfg: ControllerConfig, snap: Snapshot | str) -> gang.GangPlan | None:
+    """A multi-node profile's choice of alternative and level (None: not one, or invalid)."""
+    try:
+        profile = ClaimProfile.from_api(body)
+    except ProfileError:
+        return None
+    if profile.spec.pods is None:
+        return None
+    return gang.plan(kube, profile, snap, driver=cfg.driver, nic_class=cfg.nic_class)
 
 
 def _queueing(kube: Kube, body: Obj, outcome: Outcome, status: Obj) -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from topodra.apipaths import PROFILE_GROUP as GROUP
 from topodra.apipaths import PROFILE_VERSION as VERSION
+from topodra.controller.gangspec import MAX_PODS, AcrossNodes
 from topodra.selectors import parse_quantity
 
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -108,9 +109,17 @@ class ClaimProfileSpec(BaseModel):
     queueing: Literal["None", "Kueue"] = "None"
     local_queue: str | None = Field(default=None, alias="localQueue", max_length=63)
     align_cpus: AlignCpus | None = Field(default=None, alias="alignCpus")
+    # A multi-node job: ``pods`` pods, all or nothing (a PodGroup, controller/gang.py), placed per acrossNodes.
+    pods: int | None = Field(default=None, ge=2, le=MAX_PODS)
+    across_nodes: AcrossNodes | None = Field(default=None, alias="acrossNodes")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClaimProfileSpec:
+        if self.across_nodes is not None and self.pods is None:
+            raise ValueError("acrossNodes needs pods (how many pods the job has)")
+        if self.pods is not None and self.queueing == "Kueue":
+            raise ValueError("pods (a gang PodGroup) cannot be combined with queueing Kueue: Kueue v0.17 neither "
+                             "creates PodGroups nor places DRA devices with topology-aware scheduling")
         if (self.queueing == "Kueue") != bool(self.local_queue):
             raise ValueError("queueing Kueue needs localQueue (the LocalQueue pods are sent to), "
                              "and localQueue needs queueing Kueue")
