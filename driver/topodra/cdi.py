@@ -13,7 +13,8 @@ Spec-level edits (applied once when any device of the claim is injected):
 when it has GPUs, as the toolkit's own specs set it: a UUID list there would make
 the ``nvidia`` runtime (jit-cdi) inject every GPU of the claim into every
 container.  On a real host (``hostdriver.HostDriver``) the driver's control
-nodes and libraries go in too.  Per-device edits carry
+nodes and libraries go in too, with the toolkit's ``nvidia-cdi-hook`` hooks when
+the host has that binary (``cdihooks``).  Per-device edits carry
 ``TOPODRA_DEVICE_<NAME>_*`` variables, the device's own env and its device
 nodes; those stay exact even when a container uses only some requests of a
 claim.  When the NVIDIA Container Toolkit has generated its own CDI spec
@@ -39,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from topodra import cdihooks
 from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.devices import Device
 from topodra.hostdriver import HostDriver, HostDriverError
@@ -62,7 +64,8 @@ _NVIDIA_MINOR_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
 _TOOLKIT_INDEX_NAME = re.compile(r"^(gpu)?[0-9]+$")
 _DEVICE_NODE_TYPES = {"", "b", "c", "u", "p"}
 _DEVICE_NODE_KEYS = {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"}
-_SUPPORTED_EDIT_KEYS = {"env", "deviceNodes", "mounts"}
+_SUPPORTED_EDIT_KEYS = {"env", "deviceNodes", "mounts", "hooks"}
+_HOOK_KEYS = {"hookName", "path", "args", "env", "timeout"}
 _MOUNT_KEYS = {"hostPath", "containerPath", "options", "type"}
 
 
@@ -165,6 +168,7 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], 
         edits: dict[str, Any] = {"env": _device_env(sd, claim_uid)}
         if d.device_nodes:
             edits["deviceNodes"] = _node_edits(d, host)
+        _add_hooks(edits, cdihooks.device_hooks(d, host))
         cdi_devices.append({"name": device_name(claim_uid, d.name, sd.share_id), "containerEdits": edits})
     spec_env = [f"TOPODRA_VISIBLE_DEVICES={','.join(names)}"]
     if uuids:
@@ -176,6 +180,8 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], 
         if nodes:
             spec_edits["deviceNodes"] = nodes
         mounts += host.mounts()
+        spec_edits["env"] += host.env()
+        _add_hooks(spec_edits, cdihooks.spec_hooks(host))
     if mounts:
         spec_edits["mounts"] = mounts
     spec: dict[str, Any] = {
@@ -186,6 +192,11 @@ def build_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], 
     }
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+def _add_hooks(edits: dict[str, Any], hooks: list[dict[str, Any]]) -> None:
+    if hooks:
+        edits["hooks"] = hooks
 
 
 def valid_spec(driver_name: str, claim_uid: str, devices: Sequence[SpecDevice], claim_env: Sequence[str] = (),
@@ -209,8 +220,8 @@ def _all_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def minimum_version(spec: dict[str, Any]) -> str:
     """Lowest CDI version whose rules allow every feature ``spec`` may use and ``validate_spec`` accepts.
 
-    Features that validation rejects anyway (hooks, additionalGids, intelRdt) need no rule; mounts are
-    in 0.3.0, their ``type`` came with 0.4.0.
+    Features that validation rejects anyway (additionalGids, intelRdt) need no rule; mounts and hooks are
+    in 0.3.0, a mount's ``type`` came with 0.4.0.
     """
     need = BASE_VERSION
     edits = _all_edits(spec)
@@ -278,7 +289,32 @@ def _check_edits(where: str, edits: Any, problems: list[str]) -> bool:
         opts = m.get("options", [])
         if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
             problems.append(f"{where}: mount options must be a list of strings")
-    return bool(env or nodes or mounts)
+    hooks = _list_field(edits, "hooks", where, problems)
+    for h in hooks:
+        _check_hook(where, h, problems)
+    return bool(env or nodes or mounts or hooks)
+
+
+def _check_hook(where: str, h: Any, problems: list[str]) -> None:
+    if not isinstance(h, dict):
+        problems.append(f"{where}: hook {h!r} must be an object")
+        return
+    if set(h) - _HOOK_KEYS:
+        problems.append(f"{where}: hook has unknown fields {sorted(set(h) - _HOOK_KEYS)}")
+    if h.get("hookName") not in cdihooks.HOOK_NAMES:
+        problems.append(f"{where}: hookName {h.get('hookName')!r} is not one of {sorted(cdihooks.HOOK_NAMES)}")
+    path = h.get("path")
+    if not (isinstance(path, str) and path.startswith("/")):
+        problems.append(f"{where}: hook path {path!r} must be an absolute path")
+    for field in ("args", "env"):
+        value = h.get(field, [])
+        if not isinstance(value, list) or not all(isinstance(a, str) and "\0" not in a for a in value):
+            problems.append(f"{where}: hook {field} must be a list of strings")
+        elif field == "env" and not all(_ENV_KEY.match(e.partition("=")[0]) and "=" in e for e in value):
+            problems.append(f"{where}: hook env entries must be KEY=VALUE with a valid KEY")
+    timeout = h.get("timeout")
+    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
+        problems.append(f"{where}: hook timeout {timeout!r} must be a positive integer")
 
 
 def validate_spec(spec: dict[str, Any]) -> None:

@@ -53,9 +53,9 @@ int main(void) {
 """
 
 
-def build_probe(out: Path) -> Path:
+def build_probe(out: Path, source: str = PROBE) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "probe.c").write_text(PROBE)
+    (out / "probe.c").write_text(source)
     subprocess.run(["gcc", "-O1", "-o", str(out / "probe"), str(out / "probe.c")], check=True, timeout=120)
     for lib in ("/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6"):
         shutil.copy2(os.path.realpath(lib), out / Path(lib).name)

@@ -3,7 +3,7 @@
 The tree (hack/driver-tree) holds the C stand-in libnvidia-ml.so.1, which nvidia-ctk loads through go-nvml
 by absolute path from --driver-root, plus libcuda, the driver binaries and the /dev char nodes (mknod: root).
 The spec is checked structurally against the tree, and topodra.cdidiff compares a container's edits under
-the toolkit's spec with what topodra's claim spec gives it today.
+the toolkit's spec with what topodra's claim spec (with the same nvidia-cdi-hook) gives it.
 """
 
 from __future__ import annotations
@@ -129,27 +129,29 @@ def topodra_gpu_spec(spec: dict[str, Any], tree: Path, index: int) -> dict[str, 
     """The claim spec topodra's prepare writes for one whole GPU on this driver tree (UUID and node as
     discovery finds them, the host driver as the plugin reads it at start)."""
     gpu = Device(name=f"gpu-{index}", kind="gpu", uuid=uuid_of(spec, index), device_nodes=(f"/dev/nvidia{index}",))
-    host = hostdriver.discover(tree, dev_root=tree, proc_root=tree / "proc")
+    host = hostdriver.discover(tree, dev_root=tree, proc_root=tree / "proc",
+                               cdi_hook=str(bin_dir() / "nvidia-cdi-hook"))
+    assert host.cdi_hook is not None
     return cdi.build_spec("gpu.topodra.io", "uid", [cdi.SpecDevice(gpu)], host=host)
 
 
-# What the toolkit's spec gives a container that topodra's does not, on purpose or not yet (docs/prepare.md,
-# "What a container gets on a real host"): the nvidia-cdi-hook hooks and their inputs (topodra's spec validation
-# admits no hooks yet; mounts at the soname stand in for the ldcache and symlink hooks; NVIDIA_CTK_LIBCUDA_DIR
-# feeds enable-cuda-compat; /var/run/nvidia-container-devices/void is the legacy runtime hook's marker), and the
-# driver's utility binaries and non-compute libraries (topodra mounts the compute subset only).
-KNOWN_GAP = re.compile(r"^(hook |env NVIDIA_CTK_|mount /var/run/nvidia-container-devices/|mount .*/usr/bin/"
+# What the toolkit's spec gives a container that topodra's does not, on purpose (docs/prepare.md, "What a
+# container gets on a real host"): /var/run/nvidia-container-devices/void (the legacy runtime hook's marker),
+# and the driver's utility binaries and non-compute libraries (topodra mounts the compute subset only).
+KNOWN_GAP = re.compile(r"^(mount /var/run/nvidia-container-devices/|mount .*/usr/bin/"
                        r"|mount .*/lib(?!cuda\.so|nvidia-ml\.so|nvidia-ptxjitcompiler|nvidia-nvvm))")
 
 
 def test_topodra_claim_spec_gives_a_container_what_the_toolkit_does(spec: dict[str, Any], tree: Path) -> None:
-    """Issue 19, finding 2: every device node and the compute libraries the toolkit's spec gives GPU 1, and
-    NVIDIA_VISIBLE_DEVICES=void; what is left is the named gap above, nothing else."""
+    """Issue 19, finding 2: every device node, the compute libraries, every nvidia-cdi-hook hook (by name,
+    program and arguments: create-symlinks' links, the ldcache folders, the driver version, the GPU's memory
+    limit hook) and the env the toolkit's spec gives GPU 1; what is left is the named gap above, nothing else."""
     ours = topodra_gpu_spec(spec, tree, 1)
     d = diff(resolve(ours, [ours["devices"][0]["name"]]), resolve(spec, ["1"]))
     unexplained = [m for m in d.missing if not KNOWN_GAP.match(m)]
     assert not unexplained, "\n".join(d.lines())
     assert not [m for m in d.missing if m.startswith("device node")], d.lines()
     assert not [x for x in d.differing if x.startswith("env ")], d.lines()  # NVIDIA_VISIBLE_DEVICES=void too
-    mounted = {m.split()[1].rsplit("/", 1)[-1] for m in d.extra if m.startswith("mount ")}
-    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= mounted, d.lines()  # at the soname, where the hook would link
+    assert not [x for x in d.lines() if " hook " in x], d.lines()  # none missing, extra or different
+    assert resolve(ours, [ours["devices"][0]["name"]]).hooks == resolve(spec, ["1"]).hooks
+    assert not [x for x in d.extra if x.startswith("mount ")], d.lines()  # sonames are the hook's links now

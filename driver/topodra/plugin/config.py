@@ -28,6 +28,7 @@ POD_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,62}$")
 NUMA_ALIAS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")  # an attribute's C identifier (<= 32 characters)
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"  # where the NVIDIA Container Toolkit's packages install it
 # Below Linux's ephemeral range (32768-60999), so an outgoing connection can never hold them.
 DEFAULT_HEALTH_PORT = 9415
 DEFAULT_METRICS_PORT = 9416
@@ -80,6 +81,12 @@ FLAGS: tuple[Flag, ...] = (
          "root when it has dev/nvidiactl, else /)", "DIR"),
     Flag("nvidia_proc_root", "the proc tree whose devices and driver/nvidia/capabilities the plugin reads "
          "(nvidia-caps major, MIG capability minors; default /proc)", "DIR"),
+    Flag("nvidia_cdi_hook_path", "nvidia-cdi-hook as the host's container runtime runs it (hooks run on the "
+         "host): claim specs carry the NVIDIA toolkit's hooks (create-symlinks, update-ldcache, ...) when it is "
+         "there; none disables them (default /usr/bin/nvidia-cdi-hook; the chart: plugin.nvidiaCDIHookPath)",
+         "PATH"),
+    Flag("nvidia_cdi_hook_local_path", "where this process sees that same file, to check it exists (default: "
+         "--nvidia-cdi-hook-path; the chart mounts its directory)", "PATH"),
     Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
          "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
     Flag("claim_cleanup_interval", "seconds between passes that unprepare claims whose ResourceClaim was "
@@ -130,6 +137,8 @@ class PluginConfig(BaseModel):
     nvidia_host_driver_root: Path | None = None
     nvidia_dev_root: Path | None = None
     nvidia_proc_root: Path = Path("/proc")
+    nvidia_cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
+    nvidia_cdi_hook_local_path: Path | None = None
     rediscover_interval: float = Field(default=60.0, ge=0)
     claim_cleanup_interval: float = Field(default=300.0, ge=0)
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
@@ -168,6 +177,15 @@ class PluginConfig(BaseModel):
     def _absolute(cls, v: Path) -> Path:
         if not v.is_absolute():
             raise ValueError(f"{str(v)!r} must be an absolute path (the kubelet needs absolute socket paths)")
+        return v
+
+    @field_validator("nvidia_cdi_hook_path")
+    @classmethod
+    def _hook_path(cls, v: str) -> str:
+        if v == "none":  # an empty env var reads as unset, so the chart says "none"
+            return ""
+        if v and not v.startswith("/"):
+            raise ValueError(f"{v!r} must be an absolute host path (or none: no hooks)")
         return v
 
     @field_validator("metrics_address")

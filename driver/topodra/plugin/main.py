@@ -254,7 +254,8 @@ def host_driver(cfg: PluginConfig) -> HostDriver | None:
     from topodra import hostdriver
 
     return hostdriver.discover(cfg.nvidia_driver_root, dev_root=cfg.nvidia_dev_root, proc_root=cfg.nvidia_proc_root,
-                               host_driver_root=cfg.nvidia_host_driver_root)
+                               host_driver_root=cfg.nvidia_host_driver_root, cdi_hook=cfg.nvidia_cdi_hook_path,
+                               cdi_hook_local=cfg.nvidia_cdi_hook_local_path)
 
 
 def driver_root(cfg: PluginConfig) -> Path | None:

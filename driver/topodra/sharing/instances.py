@@ -194,8 +194,9 @@ class MigInstances:
                     gi, p.ci_profile_index, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
                 ci = n.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_profile.id))
                 gi_id = int(n.nvmlGpuInstanceGetInfo(gi).id)
-                ci_id = int(n.nvmlComputeInstanceGetInfo(ci).id)
-                uuid = self._mig_uuid(h, gi_id, ci_id)
+                ci_info = n.nvmlComputeInstanceGetInfo(ci)
+                ci_id = int(ci_info.id)
+                uuid = self._mig_uuid(h, gi_id, ci_id, getattr(ci_info, "device", None))
             except n.NVMLError as e:
                 left = not self._destroy_quietly(gi)
                 raise MigError(f"GPU {p.parent_uuid}: cannot create the compute instance of MIG {p.profile} at "
@@ -205,7 +206,15 @@ class MigInstances:
         log.info("created MIG %s instance %s on GPU %s (GI %d, CI %d)", p.profile, uuid, p.parent_uuid, gi_id, ci_id)
         return inst
 
-    def _mig_uuid(self, h: Any, gi: int, ci: int) -> str:
+    def _mig_uuid(self, h: Any, gi: int, ci: int, ci_device: Any = None) -> str:
+        """The MIG device UUID of compute instance ``ci`` in GPU instance ``gi``.  NVIDIA's DRA driver reads it
+        from the compute instance's own device handle (``nvmlComputeInstanceGetInfo(ci).device``: walking
+        the MIG devices took up to 10 s under load there), but nvml.h documents that field as the parent
+        device.  So the direct handle is used when NVML says it is the MIG device of exactly this GI/CI;
+        otherwise (the parent, or an error) the MIG devices are walked."""
+        direct = self._direct_mig_uuid(ci_device, gi, ci)
+        if direct is not None:
+            return direct
         n = self.nvml
         for i in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
             try:
@@ -217,6 +226,23 @@ class MigInstances:
             if int(n.nvmlDeviceGetGpuInstanceId(m)) == gi and int(n.nvmlDeviceGetComputeInstanceId(m)) == ci:
                 return str(n.nvmlDeviceGetUUID(m))
         raise n.NVMLError(n.NVML_ERROR_NOT_FOUND)
+
+    def _direct_mig_uuid(self, device: Any, gi: int, ci: int) -> str | None:
+        n = self.nvml
+        if device is None:
+            return None
+        try:
+            if not n.nvmlDeviceIsMigDeviceHandle(device):
+                return None
+            if int(n.nvmlDeviceGetGpuInstanceId(device)) != gi or int(n.nvmlDeviceGetComputeInstanceId(device)) != ci:
+                log.warning("the compute instance's device handle names GI %s/CI %s, not GI %d/CI %d: walking the "
+                            "MIG devices instead", n.nvmlDeviceGetGpuInstanceId(device),
+                            n.nvmlDeviceGetComputeInstanceId(device), gi, ci)
+                return None
+            return str(n.nvmlDeviceGetUUID(device))
+        except n.NVMLError as e:
+            log.debug("no MIG UUID from the compute instance's device handle (%s): walking the MIG devices", e)
+            return None
 
     def _destroy_quietly(self, gi: Any) -> bool:
         try:

@@ -117,7 +117,7 @@ def _valid() -> dict[str, Any]:
         {"path": "/dev/x", "permissions": "rx"}), "permissions"),
     (lambda sp: sp["devices"][0].update(containerEdits={}), "containerEdits are empty"),
     (lambda sp: sp.update(devices=[]), "non-empty"),
-    (lambda sp: sp["containerEdits"].update(hooks=[]), "unsupported containerEdits"),
+    (lambda sp: sp["containerEdits"].update(intelRdt={}), "unsupported containerEdits"),
     (lambda sp: sp.update(extra=1), "unknown top-level"),
 ])
 def test_validate_rejects(mutate: Any, needle: str) -> None:
