@@ -15,8 +15,9 @@ siblings already bound or nominated) have to land in one domain of label ``key``
    take, then the fewest free GPUs. So a small job fills a partly used leaf group and never breaks an
    empty one that a bigger job could use later, the node rule's packing carried to the domain.
 
-No domain holds the job: no preference (the scheduler's own topology constraint, or none, decides).
-Nodes without the label belong to no domain.
+The label (``domain_key``) is the PodGroup's topology key, or, where the candidates all share one of its
+domains (the scheduler's topology-aware cycle offers one domain at a time), the finest fabric label that
+still splits them. No domain holds the job: no preference. Nodes without the label belong to no domain.
 """
 
 from __future__ import annotations
@@ -53,11 +54,15 @@ class Choice:
 
 
 def domain_key(group_key: str | None, labels: Mapping[str, Mapping[str, str]], nodes: Sequence[str]) -> str | None:
-    """The PodGroup's topology key, else the finest fabric key any candidate carries."""
-    if group_key:
-        return group_key
-    for key in FABRIC_KEYS:
-        if any(key in labels.get(n, {}) for n in nodes):
+    """The label whose domains the candidates are split by: the PodGroup's topology key when they
+    span several of its domains, else the finest fabric key that splits them. Inside one placement of
+    the scheduler's topology-aware cycle (every candidate in one scalable unit) that is the leaf group:
+    "one leaf group, else one unit". None when no key splits them (nothing to choose)."""
+    def splits(key: str) -> bool:
+        return len({labels.get(n, {}).get(key) for n in nodes} - {None}) > 1
+
+    for key in ([group_key] if group_key else []) + list(FABRIC_KEYS):
+        if splits(key):
             return key
     return None
 

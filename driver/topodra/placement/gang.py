@@ -9,9 +9,10 @@ it; once siblings are bound (or nominated), the watch shows them and they decide
 
 With ``TopologyAwareWorkloadScheduling`` the scheduler also tries each domain of the PodGroup's
 topology key as its own *placement* (the candidates of a call are then one domain's nodes) and picks
-among the feasible placements with its PlacementScore plugins, which do not ask extenders. There the
-scorer can only rank the nodes inside each domain; the domain rule is then moot (all candidates share
-it) and is skipped. See docs/placement.md, "Gangs".
+among the feasible placements with its PlacementScore plugins (NodeResourcesFit's MostAllocated on CPU
+and memory, PodGroupPodsCount), which do not ask extenders. So the scorer cannot pick the unit there; it
+picks the finest fabric domain inside the unit offered (``fleet.domains.domain_key``: with a
+scalable-unit constraint, the leaf group) and ranks nodes inside it. See docs/placement.md, "Gangs".
 """
 
 from __future__ import annotations
@@ -76,9 +77,7 @@ class Gangs:
         names = [c[0] for c in candidates]
         key = domain_key(record.topology_key if record else None, labels, names)
         if key is None:
-            return node_scores
-        if len({labels.get(n, {}).get(key) for n in names}) <= 1:
-            return node_scores  # one placement of the scheduler's topology-aware cycle: nothing to choose
+            return node_scores  # the candidates share every domain: nothing to choose
         siblings = pods.siblings(ns, group, exclude=name)
         placed = [s.node for s in siblings if s.node]
         size = max(record.min_count if record else 1, len(siblings) + 1)

@@ -54,11 +54,17 @@ EIGHT = placer(gpus(8, nvlink=True))
 
 
 def test_domain_key_prefers_the_podgroup_then_the_finest_fabric_label() -> None:
-    labels = {"n1": {SCALABLE_UNIT: "su1", LEAF_GROUP: "l1"}, "n2": {SCALABLE_UNIT: "su1"}}
-    assert domain_key("example.com/rack", labels, ["n1"]) == "example.com/rack"
-    assert domain_key(None, labels, ["n1", "n2"]) == LEAF_GROUP
-    assert domain_key(None, labels, ["n2"]) == SCALABLE_UNIT
-    assert domain_key(None, {"n3": {}}, ["n3"]) is None
+    rack = "example.com/rack"
+    labels = {"n1": {SCALABLE_UNIT: "su1", LEAF_GROUP: "l1", rack: "r1"},
+              "n2": {SCALABLE_UNIT: "su1", LEAF_GROUP: "l2", rack: "r2"},
+              "n3": {SCALABLE_UNIT: "su2", LEAF_GROUP: "l3", rack: "r2"}}
+    assert domain_key(rack, labels, ["n1", "n2"]) == rack
+    assert domain_key(None, labels, ["n1", "n2", "n3"]) == LEAF_GROUP
+    # one unit offered (a topology-aware placement): its leaf groups are what is left to choose
+    assert domain_key(SCALABLE_UNIT, labels, ["n1", "n2"]) == LEAF_GROUP
+    assert domain_key(SCALABLE_UNIT, labels, ["n2", "n3"]) == SCALABLE_UNIT
+    assert domain_key(LEAF_GROUP, labels, ["n1"]) is None
+    assert domain_key(None, {"n4": {}, "n5": {}}, ["n4", "n5"]) is None
 
 
 def test_a_job_that_fits_the_partly_used_leaf_group_goes_there_not_into_the_empty_one() -> None:

@@ -136,6 +136,16 @@ def test_one_placement_of_a_topology_aware_cycle_is_ranked_by_node_fgd_only() ->
     assert gangs.last is None and set(got.values()) == {10}
 
 
+def test_inside_the_unit_the_scheduler_offers_the_gang_gets_one_leaf_group() -> None:
+    st = fabric()  # every node in su1
+    hold(st, "a1", ["gpu-0"])
+    apply_event(st, "podgroups", "ADDED", podgroup("job", 2, SCALABLE_UNIT))
+    gangs = Gangs()
+    got = score(st, gangs, gang_pod("job-0"))
+    assert gangs.last is not None and (gangs.last.key, gangs.last.value) == (LEAF_GROUP, "la")
+    assert min(got["a2"], got["a3"]) > max(got["b1"], got["b2"], got["b3"])
+
+
 def test_the_podgroup_key_is_used_when_it_is_not_a_fabric_label() -> None:
     st = fabric()
     rack = "example.com/rack"
