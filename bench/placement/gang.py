@@ -40,6 +40,9 @@ SCORER_POLICIES = frozenset({"d", "f"})
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 TOPOLOGY_KEY = pm.SU_LABEL
 SPINE_FACTOR = 0.9
+# Gang policies: a PodGroup that does not fit is retried every backoff period (1 s here) forever, so "idle"
+# is "nothing scheduled for this long" (over two retry rounds), not "empty queues" (main.SchedulerState).
+GANG_SETTLE = 2.5
 # Synthetic multi-node stream (``--multinode``): sizes up to 64 GPUs (8 servers).
 SIZES = ((1, 0.3), (2, 0.12), (4, 0.12), (8, 0.2), (16, 0.12), (32, 0.09), (64, 0.05))
 PREFS = (("h200>h100>a100", 0.35), ("h200>h100", 0.25), ("mem80", 0.3), ("h200", 0.1))

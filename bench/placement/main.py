@@ -114,11 +114,17 @@ class SchedulerState:
     signature: tuple[float, float]  # attempt and queue-move counters: change = the scheduler did work
 
     @classmethod
-    def of(cls, text: str) -> SchedulerState:
+    def of(cls, text: str, gangs: bool = False) -> SchedulerState:
+        """``gangs``: a PodGroup that does not fit goes back to the backoff queue after every attempt
+        (1.37.2), so its pods are retried every backoff period forever; then only the active queue,
+        bindings and the count of scheduled pods say whether the scheduler still has work."""
         s = parse_metrics(text)
         queued = metric_sum(s, "scheduler_pending_pods", queue="active") + \
-            metric_sum(s, "scheduler_pending_pods", queue="backoff")
+            (0 if gangs else metric_sum(s, "scheduler_pending_pods", queue="backoff"))
         binding = metric_sum(s, "scheduler_goroutines", operation="binding")
+        if gangs:
+            return cls(busy=queued > 0 or binding > 0,
+                       signature=(metric_sum(s, "scheduler_schedule_attempts_total", result="scheduled"), 0.0))
         return cls(busy=queued > 0 or binding > 0,
                    signature=(metric_sum(s, "scheduler_schedule_attempts_total"),
                               metric_sum(s, "scheduler_queue_incoming_pods_total")))
@@ -420,13 +426,15 @@ class Replay:
         deadline = time.monotonic() + 120
         last: tuple[float, float] | None = None
         quiet_since = time.monotonic()
+        gangs = self.policy in gang.GANG_POLICIES
+        settle = max(self.settle, gang.GANG_SETTLE) if gangs else self.settle
         while time.monotonic() < deadline:
-            st = SchedulerState.of(self.env.lc.scheduler_metrics())
+            st = SchedulerState.of(self.env.lc.scheduler_metrics(), gangs)
             now = time.monotonic()
             if st.busy or st.signature != last:
                 quiet_since = now
             last = st.signature
-            if now - quiet_since >= self.settle and self._new_pods_seen():
+            if now - quiet_since >= settle and self._new_pods_seen():
                 return
             time.sleep(0.03)
         raise BenchError("kube-scheduler did not go idle within 120 s")

@@ -117,3 +117,16 @@ def test_fabric_of_reads_the_simulated_labels() -> None:
     nodes = [SimpleNamespace(name="n1", labels={gang.LEAF_LABEL: "l1", pm.SU_LABEL: "s1"}),
              SimpleNamespace(name="n2", labels={})]
     assert gang.fabric_of(nodes) == {"n1": {"leaf": "l1", "su": "s1"}, "n2": {"leaf": "", "su": ""}}
+
+
+def test_gang_idle_view_ignores_the_backoff_retries_of_a_gang_that_does_not_fit() -> None:
+    from bench.placement import main as pb
+    from test_placement_bench import METRICS
+
+    plain, gangs = pb.SchedulerState.of(METRICS), pb.SchedulerState.of(METRICS, gangs=True)
+    assert plain.busy and not gangs.busy  # 2 pods in backoff: a gang retried every second
+    assert gangs.signature == (40, 0.0)  # only scheduled pods count as work
+    retried = METRICS.replace('result="unschedulable"} 5', 'result="unschedulable"} 9')
+    assert pb.SchedulerState.of(retried, gangs=True).signature == gangs.signature
+    assert pb.SchedulerState.of(retried).signature != plain.signature
+    assert pb.SchedulerState.of(METRICS.replace('"active"} 0', '"active"} 1'), gangs=True).busy
