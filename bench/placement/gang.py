@@ -188,3 +188,13 @@ TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model
               ("type_violations", "type violations (jobs)", 1),
               ("scheduler_pods_per_s", "scheduler pods/s (attempt time)", 1),
               ("scorer_p99_ms", "prioritize p99 (ms)", 2), ("scorer_cpu_p99_ms", "prioritize CPU p99 (ms)", 2)]
+
+
+def paired(runs: Sequence[Mapping[str, Any]], base: str, other: str,
+           keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per metric, the 95% interval of ``other - base`` over the seeds both policies ran (paired by seed:
+    the same stream), from a result file's ``runs``."""
+    by = {(r["policy"], int(r["seed"])): pm.flatten(r["metrics"]) for r in runs}
+    seeds = sorted({s for p, s in by if p == base} & {s for p, s in by if p == other})
+    return {k: pm.interval([by[(other, s)].get(k, math.nan) - by[(base, s)].get(k, math.nan) for s in seeds])
+            for k in keys}

@@ -130,3 +130,14 @@ def test_gang_idle_view_ignores_the_backoff_retries_of_a_gang_that_does_not_fit(
     assert pb.SchedulerState.of(retried, gangs=True).signature == gangs.signature
     assert pb.SchedulerState.of(retried).signature != plain.signature
     assert pb.SchedulerState.of(METRICS.replace('"active"} 0', '"active"} 1'), gangs=True).busy
+
+
+def test_paired_differences_only_use_seeds_both_policies_ran() -> None:
+    runs = [{"policy": "c", "seed": 1, "metrics": {"x": 10.0, "w": {"8": 1.0}}},
+            {"policy": "c", "seed": 2, "metrics": {"x": 20.0, "w": {"8": 1.0}}},
+            {"policy": "c", "seed": 3, "metrics": {"x": 99.0}},
+            {"policy": "f", "seed": 1, "metrics": {"x": 7.0, "w": {"8": 2.0}}},
+            {"policy": "f", "seed": 2, "metrics": {"x": 15.0, "w": {"8": 3.0}}}]
+    d = gang.paired(runs, "c", "f", ["x", "w.8"])
+    assert d["x"]["mean"] == pytest.approx(-4.0) and d["x"]["n"] == 2
+    assert d["w.8"]["mean"] == pytest.approx(1.5)
