@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO, result_file
+from bench.placement import gang
 from bench.placement import model as pm
 from testkit import cluster as localcluster
 
@@ -112,11 +114,17 @@ class SchedulerState:
     signature: tuple[float, float]  # attempt and queue-move counters: change = the scheduler did work
 
     @classmethod
-    def of(cls, text: str) -> SchedulerState:
+    def of(cls, text: str, gangs: bool = False) -> SchedulerState:
+        """``gangs``: a PodGroup that does not fit goes back to the backoff queue after every attempt
+        (1.37.2), so its pods are retried every backoff period forever; then only the active queue,
+        bindings and the count of scheduled pods say whether the scheduler still has work."""
         s = parse_metrics(text)
         queued = metric_sum(s, "scheduler_pending_pods", queue="active") + \
-            metric_sum(s, "scheduler_pending_pods", queue="backoff")
+            (0 if gangs else metric_sum(s, "scheduler_pending_pods", queue="backoff"))
         binding = metric_sum(s, "scheduler_goroutines", operation="binding")
+        if gangs:
+            return cls(busy=queued > 0 or binding > 0,
+                       signature=(metric_sum(s, "scheduler_schedule_attempts_total", result="scheduled"), 0.0))
         return cls(busy=queued > 0 or binding > 0,
                    signature=(metric_sum(s, "scheduler_schedule_attempts_total"),
                               metric_sum(s, "scheduler_queue_incoming_pods_total")))
@@ -180,6 +188,7 @@ class Env:
     scorer: subprocess.Popen[bytes] | None = None
     scorer_metrics_url: str | None = None
     logs: Path = field(default_factory=lambda: REPO / ".run" / "placement-logs")
+    fabric: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> leaf, su (gang.fabric_of)
 
     def use_policy(self, policy: str) -> None:
         """Restart kube-scheduler with the policy's configuration (and the scorer for (d))."""
@@ -187,7 +196,7 @@ class Env:
             return
         self.stop_scorer()
         extender = None
-        if policy == "d":
+        if policy in gang.SCORER_POLICIES:
             extender = self.start_scorer()
         self.lc.restart_scheduler(pm.scheduler_config(policy), extender)
         self.policy = policy
@@ -348,6 +357,7 @@ class Replay:
         self.phases: dict[str, float] = {}
         self.pending_reason: dict[str, str] = {}
         self.missed_log: list[dict[str, Any]] = []
+        self.gangs = gang.GangTracker(env.inv, env.fabric)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -373,17 +383,22 @@ class Replay:
         self.kube.request("DELETE", self._ns_path("pods"),
                           {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
         self.kube.request("DELETE", self._ns_path("resourceclaims"))
+        if self.policy in gang.GANG_POLICIES:
+            self.kube.request("DELETE", f"{gang.PODGROUPS}/namespaces/{self.ns}/podgroups")
         wait_for(lambda: not list(self.kube.list(self._ns_path("resourceclaims"))), 120,
                  f"claims of namespace {self.ns} released")
         self.kube.delete(f"{CORE}/namespaces/{self.ns}")
 
     def submit(self, job: pm.Job) -> None:
+        group = gang.podgroup_for(job, self.policy, self.run)
+        if group is not None:  # before its pods: a gang pod without its PodGroup is not scheduled
+            self.kube.create(f"{gang.PODGROUPS}/namespaces/{self.ns}/podgroups", group)
         for k, name in enumerate(job.pod_names()):
             claim = pm.claim_for(job, k, self.policy, self.run)
             if claim is not None:
                 self.kube.create(self._ns_path("resourceclaims"), claim)
-            self.kube.create(self._ns_path("pods"), pm.pod_for(job, k, self.policy, self.run,
-                                                                self.env.node_selector))
+            self.kube.create(self._ns_path("pods"), gang.gang_pod(
+                pm.pod_for(job, k, self.policy, self.run, self.env.node_selector), job, self.policy))
             self.new_pods.add(name)
 
     def complete(self, job: pm.Job) -> list[str]:
@@ -394,6 +409,8 @@ class Replay:
                               {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
             if self.policy != "a":
                 self.kube.delete(self._ns_path("resourceclaims", name))
+        if gang.podgroup_for(job, self.policy, self.run) is not None:
+            self.kube.delete(f"{gang.PODGROUPS}/namespaces/{self.ns}/podgroups/{gang.group_name(job)}")
         return names
 
     def claims_of_deleted_gone(self, deleted: set[str]) -> bool:
@@ -409,13 +426,15 @@ class Replay:
         deadline = time.monotonic() + 120
         last: tuple[float, float] | None = None
         quiet_since = time.monotonic()
+        gangs = self.policy in gang.GANG_POLICIES
+        settle = max(self.settle, gang.GANG_SETTLE) if gangs else self.settle
         while time.monotonic() < deadline:
-            st = SchedulerState.of(self.env.lc.scheduler_metrics())
+            st = SchedulerState.of(self.env.lc.scheduler_metrics(), gangs)
             now = time.monotonic()
             if st.busy or st.signature != last:
                 quiet_since = now
             last = st.signature
-            if now - quiet_since >= self.settle and self._new_pods_seen():
+            if now - quiet_since >= settle and self._new_pods_seen():
                 return
             time.sleep(0.03)
         raise BenchError("kube-scheduler did not go idle within 120 s")
@@ -508,6 +527,7 @@ class Replay:
                 if all(p is not None for p in ps):
                     self.clock.started(job.id, [p for p in ps if p is not None])
             self.missed_log += self.missed(used)
+            self.gangs.observe(self.clock, arrived, placements, used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
             self.snaps.append(snap)
             if snap.used > peak[0] and self.clock.now <= self.clock.last_arrival:
@@ -521,13 +541,14 @@ class Replay:
         wall = time.monotonic() - t_start
         sched1 = parse_metrics(self.env.lc.scheduler_metrics())
         metrics = pm.run_metrics(self.clock, self.snaps, self.env.inv)
+        metrics.update(self.gangs.metrics(self.clock))
         scheduler = self._scheduler_delta(sched0, sched1, wall)
         metrics["scheduler_pods_per_s"] = scheduler["pods_per_busy_s"]
         scorer_text = self.env.scorer_metrics()
         scorer = histogram_quantiles(scorer_text, "prioritize_duration", before=scorer0)
         scorer_cpu = histogram_quantiles(scorer_text, "prioritize_cpu", before=scorer0)
-        if self.policy == "d" and not scorer.get("count"):
-            raise BenchError("policy (d) ran but kube-scheduler never called the placement scorer "
+        if self.policy in gang.SCORER_POLICIES and not scorer.get("count"):
+            raise BenchError(f"policy ({self.policy}) ran but kube-scheduler never called the placement scorer "
                              "(no prioritize observations on its /metrics)")
         if scorer:
             metrics["scorer_p50_ms"] = scorer.get("p50_ms", math.nan)
@@ -572,6 +593,9 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
         jobs = pm.alibaba_jobs(args.trace, args.jobs, capacity, args.load, args.fractional, skip=skip)
         return f"alibaba:{Path(args.trace).name}[{skip}:{skip + len(jobs)}]", jobs
     spec = pm.SyntheticSpec(jobs=args.jobs, capacity_gpus=capacity, load=args.load, burst_load=args.burst_load)
+    if args.multinode:
+        spec = dataclasses.replace(spec, sizes=gang.SIZES, prefs=gang.PREFS)
+        return "synthetic-multinode", pm.synthetic_jobs(spec, seed)
     return "synthetic", pm.synthetic_jobs(spec, seed)
 
 
@@ -606,13 +630,14 @@ TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model
               ("scorer_cpu_p50_ms", "prioritize CPU p50 (ms)", 2), ("scorer_cpu_p99_ms", "prioritize CPU p99 (ms)", 2)]
 
 
-def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+def markdown_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]],
+                   rows: Sequence[tuple[str, str, int]] = TABLE_ROWS) -> str:
     """The summary as a Markdown table: mean [95% interval] per policy."""
     policies = sorted(summary)
     n = {p: int(max((iv.get("n", 0) for iv in summary[p].values()), default=0)) for p in policies}
     lines = ["| metric | " + " | ".join(f"({p}) n={n[p]}" for p in policies) + " |",
              "| --- |" + " --- |" * len(policies)]
-    for key, label, digits in TABLE_ROWS:
+    for key, label, digits in rows:
         cells = []
         for p in policies:
             iv = summary[p].get(key)
@@ -642,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
-    p.add_argument("--policies", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
+    p.add_argument("--policies", default="a,b,c,d", help="comma-separated subset of a,b,c,d,e,f")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed0", type=int, default=1)
     p.add_argument("--seed-list", help="comma-separated seeds (instead of --seed0/--seeds), e.g. to complete a matrix")
@@ -655,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="trace GPU tasks to skip first (the first ~10%% existed when the trace began and "
                         "run for months); seed k starts (k - seed0) x --jobs tasks further")
     p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="SimulatedCluster file")
+    p.add_argument("--multinode", action="store_true",
+                   help="synthetic stream with 16/32/64-GPU jobs (bench/placement/gang.py SIZES); use a fabric "
+                        "cluster (bench/placement/fabric-400.yaml) and policies c,e,f")
     p.add_argument("--tick", type=float, default=120.0,
                    help="virtual seconds grouped into one step (0: one step per distinct event time)")
     p.add_argument("--settle", type=float, default=0.1, help="seconds the scheduler must stay idle")
@@ -758,7 +786,8 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     out.write_text(json.dumps(doc, indent=1, default=float))
     log(f"results: {out}")
     print_table(summary)
-    out.with_suffix(".md").write_text(markdown_table(summary) + "\n")
+    rows = gang.TABLE_ROWS if getattr(args, "multinode", False) else TABLE_ROWS
+    out.with_suffix(".md").write_text(markdown_table(summary, rows) + "\n")
     if args.plots:
         try:  # matplotlib is the optional [bench] extra
             from bench.placement import plots as placement_plots
@@ -770,13 +799,14 @@ def finish(args: argparse.Namespace, head: dict[str, Any], runs: list[dict[str, 
     return 0
 
 
-def start_private_cluster(attempts: int = 3, instance: str = INSTANCE) -> localcluster.Cluster:
+def start_private_cluster(attempts: int = 3, instance: str = INSTANCE,
+                          features: Sequence[str] = ()) -> localcluster.Cluster:
     """A private instance on fresh free ports; another process may take a port between the pick and
     the bind (the tests pick from the same range), so a failed start is retried on new ports."""
     for attempt in range(1, attempts + 1):
         lc = localcluster.Cluster.private(instance)
         try:
-            lc.up(build=False)
+            lc.up(build=False, features=list(features))
             return lc
         except localcluster.ClusterError as e:
             if attempt == attempts:
@@ -790,16 +820,16 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
     """Every (policy, seed) run; a run that fails is logged into ``failed`` and the matrix goes on."""
     t0 = time.monotonic()
     # use_policy restarts kube-scheduler with the first policy's configuration
-    lc = start_private_cluster(instance=args.instance)
+    lc = start_private_cluster(instance=args.instance, features=gang.features(policies))
     env: Env | None = None
     results: list[RunResult] = []
     try:
         kube = Kube.from_kubeconfig(str(lc.admin_kubeconfig))
         matches = install_classes(kube)
         label = uuid.uuid4().hex[:6]
-        _sim, node_su = publish(kube, prefixed(cluster, "", label))
+        sim, node_su = publish(kube, prefixed(cluster, "", label))
         inv = build_inventory(kube, node_su, matches)
-        env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label})
+        env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label}, fabric=gang.fabric_of(sim.nodes))
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")
         for policy in policies:
             env.use_policy(policy)

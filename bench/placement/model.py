@@ -41,6 +41,8 @@ POLICIES: dict[str, str] = {
     "b": "strict single-type claims (first choice only, exactly)",
     "c": "topodra ClaimProfile: firstAvailable fallback + nvlink Required",
     "d": "(c) + topodra placement scorer (scheduler extender)",
+    "e": "(c), multi-node jobs as a PodGroup gang with a scalable-unit topology constraint (bench/placement/gang.py)",
+    "f": "(e) + topodra placement scorer (gang-aware: one leaf group inside the unit)",
 }
 
 # Preference lists: name -> DeviceClass names, in order (classes from topodra's catalog).
@@ -70,8 +72,8 @@ class Job:
 
     @property
     def pods(self) -> int:
-        """16 GPUs = two 8-GPU pods (one per server); everything else is one pod."""
-        return 2 if self.gpus > 8 else 1
+        """More than 8 GPUs = 8-GPU pods, one per server (16 -> 2, 32 -> 4, 64 -> 8); else one pod."""
+        return -(-self.gpus // 8) if self.gpus > 8 else 1
 
     @property
     def per_pod(self) -> int:
@@ -232,7 +234,7 @@ def claim_spec_for(job: Job, policy: str) -> dict[str, Any] | None:
     if policy == "b":
         return {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": {
             "deviceClassName": job.classes[0], "allocationMode": "ExactCount", "count": job.per_pod}}]}}
-    if policy in ("c", "d"):
+    if policy in ("c", "d", "e", "f"):
         from topodra.controller.profile import ClaimProfile
         from topodra.controller.render import claim_spec
 

@@ -13,6 +13,7 @@ from urllib.parse import quote
 CORE_V1 = "/api/v1"
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 COORDINATION_V1 = "/apis/coordination.k8s.io/v1"
+SCHEDULING_V1BETA1 = "/apis/scheduling.k8s.io/v1beta1"  # Workload, PodGroup (gate GenericWorkload)
 APIEXTENSIONS_V1 = "/apis/apiextensions.k8s.io/v1"
 
 # The ClaimProfile custom resource (deploy/crds/claimprofiles.topodra.io.yaml).
@@ -82,6 +83,11 @@ def namespace_path(name: str | None = None) -> str:
 def pod_path(namespace: str | None = None, name: str | None = None) -> str:
     """Pods (core/v1)."""
     return _namespaced(CORE_V1, "pods", namespace, name)
+
+
+def podgroup_path(namespace: str | None = None, name: str | None = None) -> str:
+    """PodGroups (scheduling.k8s.io/v1beta1, served with the GenericWorkload gate)."""
+    return _namespaced(SCHEDULING_V1BETA1, "podgroups", namespace, name)
 
 
 def event_path(namespace: str | None = None, name: str | None = None) -> str:

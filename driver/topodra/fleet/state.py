@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from topodra.fleet.allocations import allocated_keys
 from topodra.fleet.cel import Selector, qualified_capacity, recognise
 from topodra.fleet.demand import Demand, DemandError, parse_demand
+from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, rule_matches, rule_taint
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
@@ -165,6 +166,8 @@ class ClusterState:
         self.slices: dict[str, Obj] = {}
         self.classes: dict[str, DevicePredicate | None] = {}
         self.nodes: set[str] = set()
+        self.node_labels: dict[str, dict[str, str]] = {}  # fabric domains of gangs (fleet.domains)
+        self.pods = Pods()  # gang siblings and PodGroups (fleet.pods)
         self.claims: dict[tuple[str, str], ClaimInfo] = {}
         self.templates: dict[tuple[str, str], Demand | None] = {}
         self.recent: OrderedDict[str, tuple[str, Demand]] = OrderedDict()  # uid -> (created, demand)
@@ -236,9 +239,12 @@ class ClusterState:
 
     def set_node(self, obj: Obj) -> None:
         self.nodes.add(_key(obj)[1])
+        self.node_labels[_key(obj)[1]] = {str(k): str(v) for k, v in
+                                          ((obj.get("metadata") or {}).get("labels") or {}).items()}
 
     def delete_node(self, name: str) -> None:
         self.nodes.discard(name)
+        self.node_labels.pop(name, None)
 
     def set_claim(self, obj: Obj) -> None:
         key = _key(obj)
@@ -303,7 +309,14 @@ class ClusterState:
                 self.set_class(o)
             self._forget_views()
         elif kind == "nodes":
-            self.nodes = {_key(o)[1] for o in items}
+            self.nodes = set()
+            self.node_labels = {}
+            for o in items:
+                self.set_node(o)
+        elif kind == "pods":
+            self.pods.replace_pods(items)
+        elif kind == "podgroups":
+            self.pods.replace_groups(items)
         elif kind == "claims":
             self.claims.clear()
             self.used.clear()

@@ -6,6 +6,9 @@ version when the server ends a watch.  A 410 Gone (the version fell out of the
 apiserver's window) relists at once; other errors relist after a capped backoff.
 Bookmarks only move the resume version forward.
 
+Pods and PodGroups are watched for gangs (``fleet.pods``: where a gang's siblings are, its size); the
+PodGroup API is optional like the DeviceTaintRule API (served only with the GenericWorkload gate).
+
 DeviceTaintRules are watched too (a blocking rule makes a device unavailable, ``fleet.taints``). Their
 API is optional: where it is not served (404) or not granted (403), the kind counts as listed with no
 rules and is retried every ``OPTIONAL_RETRY`` seconds, so the scorer still becomes ready.
@@ -24,6 +27,8 @@ from topodra.apipaths import (
     device_class_path,
     device_taint_rule_path,
     node_path,
+    pod_path,
+    podgroup_path,
     slices_path,
     template_path,
 )
@@ -32,7 +37,7 @@ from topodra.kube import Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
 
-KINDS = ("slices", "classes", "nodes", "claims", "templates", "taintrules")
+KINDS = ("slices", "classes", "nodes", "claims", "templates", "taintrules", "pods", "podgroups")
 OPTIONAL_RETRY = 60.0  # seconds between tries of an optional kind's API that was missing or forbidden
 
 
@@ -52,6 +57,8 @@ def sources(driver: str) -> list[Source]:
         Source("claims", claim_path()),
         Source("templates", template_path()),
         Source("taintrules", device_taint_rule_path(), optional=True),
+        Source("pods", pod_path()),  # a gang's siblings (fleet.pods)
+        Source("podgroups", podgroup_path(), optional=True),  # absent without the GenericWorkload gate
     ]
 
 
@@ -72,6 +79,10 @@ def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> No
         state.delete_template(ns, name) if deleted else state.set_template(obj)
     elif kind == "taintrules":
         state.delete_taint_rule(name) if deleted else state.set_taint_rule(obj)
+    elif kind == "pods":
+        state.pods.delete_pod(ns or "default", name) if deleted else state.pods.set_pod(obj)
+    elif kind == "podgroups":
+        state.pods.delete_group(ns or "default", name) if deleted else state.pods.set_group(obj)
     else:
         raise ValueError(f"unknown kind {kind!r}")
 

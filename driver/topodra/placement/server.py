@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from topodra.fleet.fgd import Mix, make_mix
 from topodra.placement.cache import Cache
+from topodra.placement.gang import Gangs
 from topodra.placement.score import Scorer
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Placement:
         self.prior = dict(prior)
         self.prior_weight = prior_weight
         self.scorer = Scorer()
+        self.gangs = Gangs()  # pods of a PodGroup: the fabric domain first (placement.gang)
         # The request mix changes only when a claim arrives or the classes change: build it then,
         # not on every call (hashing 200 recent claims per call was most of a call's time).
         self._mix: tuple[tuple[int, frozenset[str]], Mix] | None = None
@@ -116,7 +118,7 @@ class Placement:
             for n in names:
                 view = state.node_view(n)
                 cands.append((n, view, state.unavailable_indices(view) if view is not None else frozenset()))
-            scores = self.scorer.score(cands, demands, mix)
+            scores = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer)
         return [{"Host": n, "Score": s} for n, s in scores]
 
 
