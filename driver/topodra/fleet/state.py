@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from topodra.fleet.allocations import allocated_keys
 from topodra.fleet.cel import Selector, qualified_capacity, recognise
 from topodra.fleet.demand import Demand, DemandError, parse_demand
+from topodra.fleet.hostres import HostResources
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, rule_matches, rule_taint
 from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
@@ -178,6 +179,7 @@ class ClusterState:
         self._used_by_node: dict[str, frozenset[int]] = {}
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
+        self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
 
     # ----- updates
 
@@ -236,9 +238,17 @@ class ClusterState:
 
     def set_node(self, obj: Obj) -> None:
         self.nodes.add(_key(obj)[1])
+        self.hosts.set_node(obj)
 
     def delete_node(self, name: str) -> None:
         self.nodes.discard(name)
+        self.hosts.delete_node(name)
+
+    def set_pod(self, obj: Obj) -> None:
+        self.hosts.set_pod(obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.hosts.delete_pod(namespace, name)
 
     def set_claim(self, obj: Obj) -> None:
         key = _key(obj)
@@ -304,6 +314,9 @@ class ClusterState:
             self._forget_views()
         elif kind == "nodes":
             self.nodes = {_key(o)[1] for o in items}
+            self.hosts.replace_nodes(items)
+        elif kind == "pods":
+            self.hosts.replace_pods(items)
         elif kind == "claims":
             self.claims.clear()
             self.used.clear()
@@ -422,7 +435,7 @@ class ClusterState:
     def sizes(self) -> dict[str, int]:
         return {"slices": len(self.slices), "nodes": len(self.nodes), "claims": len(self.claims),
                 "templates": len(self.templates), "device_classes": len(self.classes),
-                "taint_rules": len(self.taint_rules),
+                "taint_rules": len(self.taint_rules), "pods": len(self.hosts.pods),
                 "used_devices": len(self.used), "recent_claims": len(self.recent),
                 "node_views": len(self._views), "shapes": len(self._shapes)}
 

@@ -24,6 +24,7 @@ from topodra.apipaths import (
     device_class_path,
     device_taint_rule_path,
     node_path,
+    pod_path,
     slices_path,
     template_path,
 )
@@ -32,7 +33,7 @@ from topodra.kube import Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
 
-KINDS = ("slices", "classes", "nodes", "claims", "templates", "taintrules")
+KINDS = ("slices", "classes", "nodes", "claims", "templates", "taintrules", "pods")
 OPTIONAL_RETRY = 60.0  # seconds between tries of an optional kind's API that was missing or forbidden
 
 
@@ -52,7 +53,14 @@ def sources(driver: str) -> list[Source]:
         Source("claims", claim_path()),
         Source("templates", template_path()),
         Source("taintrules", device_taint_rule_path(), optional=True),
+        pods_source(),
     ]
+
+
+def pods_source() -> Source:
+    """Every pod (bound ones hold node CPU and memory; unbound ones carry their pod group). Terminal
+    pods are filtered by the server: they hold nothing (``fleet.hostres``)."""
+    return Source("pods", pod_path(), "status.phase!=Succeeded,status.phase!=Failed")
 
 
 def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> None:
@@ -72,6 +80,8 @@ def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> No
         state.delete_template(ns, name) if deleted else state.set_template(obj)
     elif kind == "taintrules":
         state.delete_taint_rule(name) if deleted else state.set_taint_rule(obj)
+    elif kind == "pods":
+        state.delete_pod(ns, name) if deleted else state.set_pod(obj)
     else:
         raise ValueError(f"unknown kind {kind!r}")
 

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from topodra.fleet.fgd import Mix, make_mix
 from topodra.placement.cache import Cache
+from topodra.placement.hostaware import host_fits
 from topodra.placement.score import Scorer
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,9 @@ class Placement:
     """Scores pods against the cache; owns the scorer's memo and the metrics."""
 
     def __init__(self, cache: Cache, prior: Mapping[int, float], prior_weight: float,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, host_aware: bool = True) -> None:
         self.cache = cache
+        self.host_aware = host_aware  # count nodes' free CPU and memory (fleet.hostfrag)
         self.prior = dict(prior)
         self.prior_weight = prior_weight
         self.scorer = Scorer()
@@ -116,7 +118,8 @@ class Placement:
             for n in names:
                 view = state.node_view(n)
                 cands.append((n, view, state.unavailable_indices(view) if view is not None else frozenset()))
-            scores = self.scorer.score(cands, demands, mix)
+            hosts = host_fits(state, pod, demands, names) if self.host_aware and demands else None
+            scores = self.scorer.score(cands, demands, mix, hosts)
         return [{"Host": n, "Score": s} for n, s in scores]
 
 
