@@ -49,6 +49,7 @@ from typing import Any
 
 from bench.paths import REPO, result_file
 from bench.placement import model as pm
+from bench.placement import shapes
 from testkit import cluster as localcluster
 
 from topodra.classcatalog import catalog, to_device_class
@@ -187,19 +188,20 @@ class Env:
             return
         self.stop_scorer()
         extender = None
-        if policy == "d":
-            extender = self.start_scorer()
+        if policy in pm.SCORER_POLICIES:
+            extender = self.start_scorer(pm.SCORER_POLICIES[policy])
         self.lc.restart_scheduler(pm.scheduler_config(policy), extender)
         self.policy = policy
         log(f"kube-scheduler restarted for policy ({policy}): {pm.POLICIES[policy]}")
 
-    def start_scorer(self) -> str:
+    def start_scorer(self, host_resources: str = "off") -> str:
         port = localcluster.free_port()
         self.logs.mkdir(parents=True, exist_ok=True)
         logf = (self.logs / "placement-scorer.log").open("ab")
         self.scorer = subprocess.Popen(
             [sys.executable, "-m", "topodra.cli", "placement-scorer", "--kubeconfig", str(self.lc.admin_kubeconfig),
-             "--listen", f"127.0.0.1:{port}"], stdout=logf, stderr=subprocess.STDOUT)
+             "--listen", f"127.0.0.1:{port}", "--host-resources", host_resources],
+            stdout=logf, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -292,7 +294,9 @@ def wait_untainted(kube: Kube, names: Sequence[str], timeout: float = 600) -> No
 
 def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.NodeCapacity:
     slices = list(kube.list(f"{RES}/resourceslices", field_selector=f"spec.driver={pm.DRIVER}"))
-    return pm.inventory_from_slices(slices, node_su, matches)
+    inv = pm.inventory_from_slices(slices, node_su, matches)
+    inv.host = shapes.node_allocatable(list(kube.list(f"{CORE}/nodes")), list(node_su))
+    return inv
 
 
 # --------------------------------------------------------------------------- one run
@@ -343,6 +347,7 @@ class Replay:
         self.run = uuid.uuid4().hex[:6]
         self.ns = f"pb-{policy}-{self.run}"
         self.mix = pm.job_classes(jobs)
+        self.jobs_by_pod = {name: j for j in jobs for name in j.pod_names()}
         self.snaps: list[pm.Snapshot] = []
         self.new_pods: set[str] = set()
         self.phases: dict[str, float] = {}
@@ -463,7 +468,7 @@ class Replay:
         free = pm.free_by_node(self.env.inv, used)
         out = []
         for job in self.clock.waiting():
-            if job.pods != 1:
+            if job.pods != 1 or not job.gpus:
                 continue
             models = pm.acceptable_models(job, self.policy, self.env.inv)
             if any(n >= job.per_pod and self.env.inv.node_model(node) in models for node, n in free.items()):
@@ -509,6 +514,8 @@ class Replay:
                     self.clock.started(job.id, [p for p in ps if p is not None])
             self.missed_log += self.missed(used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
+            snap = shapes.with_host(snap, self.env.inv, placements, self.jobs_by_pod, self.clock.waiting(),
+                                    self.policy)
             self.snaps.append(snap)
             if snap.used > peak[0] and self.clock.now <= self.clock.last_arrival:
                 peak = (snap.used, snap.free_per_node)
@@ -526,8 +533,8 @@ class Replay:
         scorer_text = self.env.scorer_metrics()
         scorer = histogram_quantiles(scorer_text, "prioritize_duration", before=scorer0)
         scorer_cpu = histogram_quantiles(scorer_text, "prioritize_cpu", before=scorer0)
-        if self.policy == "d" and not scorer.get("count"):
-            raise BenchError("policy (d) ran but kube-scheduler never called the placement scorer "
+        if self.policy in pm.SCORER_POLICIES and not scorer.get("count"):
+            raise BenchError(f"policy ({self.policy}) ran but kube-scheduler never called the placement scorer "
                              "(no prioritize observations on its /metrics)")
         if scorer:
             metrics["scorer_p50_ms"] = scorer.get("p50_ms", math.nan)
@@ -542,7 +549,8 @@ class Replay:
         return RunResult(
             policy=self.policy, seed=0, workload="", metrics=metrics, steps=steps, events=events,
             wall_s=wall, scheduler=scheduler, scorer=scorer,
-            series=[{"t": s.t, "used": s.used, "stranded": s.stranded, "fgd": round(s.fgd, 3),
+            series=[{"t": s.t, "used": s.used, "stranded": s.stranded, "stranded_cpu": s.stranded_cpu,
+                     "stranded_memory": s.stranded_memory, "fgd": round(s.fgd, 3),
                      "goodput": round(s.goodput, 3), "waiting": s.waiting} for s in self.snaps],
             peak_free_per_node=peak[1], waits=waits, gpus=self.env.inv.total(),
             phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log)
@@ -566,6 +574,10 @@ class Replay:
 
 
 def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, list[pm.Job]]:
+    if args.trace and args.shapes == "trace":
+        skip = args.trace_skip + (seed - args.seed0) * args.jobs
+        jobs = shapes.trace_jobs(args.trace, args.jobs, capacity, args.load, skip=skip)
+        return f"alibaba-shapes:{Path(args.trace).name}[{skip}:{skip + len(jobs)}]", jobs
     if args.trace:
         # The trace is one stream: seeds offset the window into it, so runs see different jobs.
         skip = args.trace_skip + (seed - args.seed0) * args.jobs
@@ -576,7 +588,8 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
 
 
 def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> None:
-    rows = ["utilisation", "goodput", "stranded_gpus", "fgd_fragmentation", "wait_p50_s.8", "wait_p95_s.8",
+    rows = ["utilisation", "goodput", "stranded_gpus", "stranded_gpus_cpu", "stranded_gpus_memory",
+            "cpu_only_pods_on_gpu_nodes", "fgd_fragmentation", "wait_p50_s.8", "wait_p95_s.8",
             "wait_p95_s.16", "wait_p95_s.1", "type_violations", "choice.1", "choice.2", "choice.3",
             "nvlink_locality", "rail_alignment", "scheduler_pods_per_s", "scorer_p50_ms", "scorer_p99_ms",
             "scorer_cpu_p50_ms", "scorer_cpu_p99_ms"]
@@ -594,7 +607,11 @@ def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Non
 
 
 TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model)", 3),
-              ("stranded_gpus", "stranded GPUs (mean)", 1), ("fgd_fragmentation", "FGD fragmentation", 3),
+              ("stranded_gpus", "stranded GPUs (mean)", 1),
+              ("stranded_gpus_cpu", "stranded by CPU (mean)", 1),
+              ("stranded_gpus_memory", "stranded by memory (mean)", 1),
+              ("cpu_only_pods_on_gpu_nodes", "CPU-only pods on GPU nodes (mean)", 1),
+              ("fgd_fragmentation", "FGD fragmentation", 3),
               ("wait_p50_s.8", "8-GPU wait p50 (s)", 0), ("wait_p95_s.8", "8-GPU wait p95 (s)", 0),
               ("wait_p95_s.16", "16-GPU wait p95 (s)", 0), ("wait_p95_s.4", "4-GPU wait p95 (s)", 0),
               ("wait_p95_s.1", "1-GPU wait p95 (s)", 0), ("type_violations", "type violations (jobs)", 1),
@@ -642,7 +659,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
-    p.add_argument("--policies", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
+    p.add_argument("--policies", default="a,b,c,d",
+                   help="comma-separated subset of a,b,c,d,dr (dr: (d') = (d) counting node CPU and memory)")
+    p.add_argument("--shapes", choices=["fixed", "trace"], default="fixed",
+                   help="pod CPU/memory: fixed DGX share per GPU (12 CPU, 96Gi), or the trace's own requests "
+                        "with its CPU-only tasks as pods without claims (bench/placement/shapes.py)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed0", type=int, default=1)
     p.add_argument("--seed-list", help="comma-separated seeds (instead of --seed0/--seeds), e.g. to complete a matrix")
@@ -689,7 +710,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seed-list must be comma-separated integers, got {args.seed_list!r}")
     try:
         cluster = load_cluster(args.cluster)
-        if args.trace:
+        if args.trace and args.shapes == "trace":
+            shapes.trace_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
+        elif args.trace:
             pm.alibaba_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
     except (ValueError, pm.WorkloadError) as e:
         print(f"bench/run placement: {e}", file=sys.stderr)
@@ -729,7 +752,7 @@ def merge(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
-        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster")
+        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
             print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2

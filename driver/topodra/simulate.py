@@ -143,15 +143,25 @@ def fake_node_status(name: str, cpu: str = "128", memory: str = "2Ti", pods: str
                      "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}}
 
 
-def ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
-    """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready."""
+def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tuple[str, str] = ("128", "2Ti")) -> None:
+    """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready with
+    ``allocatable`` (CPUs, memory) as capacity and allocatable."""
     existing = kube.get(node_path(name))
     if existing is None:
         kube.create(node_path(), fake_node(name, labels))
     elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
         kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
     if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
-        kube.merge_patch(node_path(name) + "/status", fake_node_status(name))
+        kube.merge_patch(node_path(name) + "/status", fake_node_status(name, *allocatable))
+
+
+def profile_allocatable(profile: str) -> tuple[str, str]:
+    """A simulated node's (CPUs, memory): its profile's logical CPUs and ``hostMemory`` (the server's
+    datasheet), 2Ti where the profile names no memory. No kubelet reservations are subtracted."""
+    from topodra.hardware.mockprofile import host_allocatable, load_profile
+
+    cpus, memory = host_allocatable(load_profile(profile))
+    return cpus, memory or "2Ti"
 
 
 class Simulation:
@@ -170,8 +180,8 @@ class Simulation:
         t1 = time.monotonic()
         with ThreadPoolExecutor(API_WORKERS) as pool:
             # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win.
-            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}),
-                          self.nodes))
+            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels},
+                                                profile_allocatable(n.profile)), self.nodes))
         for n in self.nodes:
             self.publishers[n.name] = SlicePublisher(self.kube, self.cluster.driver_name, n.name,
                                                      Inventory(devices[n.name]), min_write_interval=0)
