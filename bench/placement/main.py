@@ -661,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
     p.add_argument("--policies", default="a,b,c,d",
                    help="comma-separated subset of a,b,c,d,dr (dr: (d') = (d) counting node CPU and memory)")
+    p.add_argument("--paired", action="store_true",
+                   help="run every policy of a seed before the next seed (restarts the scheduler between runs)")
     p.add_argument("--shapes", choices=["fixed", "trace"], default="fixed",
                    help="pod CPU/memory: fixed DGX share per GPU (12 CPU, 96Gi), or the trace's own requests "
                         "with its CPU-only tasks as pods without claims (bench/placement/shapes.py)")
@@ -824,14 +826,16 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         inv = build_inventory(kube, node_su, matches)
         env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label})
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")
-        for policy in policies:
+        # --paired: seed after seed, every policy per seed (a matrix cut short still has paired runs)
+        order = [(p, s) for s in seeds_of(args) for p in policies] if args.paired else \
+            [(p, s) for p in policies for s in seeds_of(args)]
+        for policy, seed in order:
             env.use_policy(policy)
-            for seed in seeds_of(args):
-                try:
-                    results.append(run_once(env, args, policy, seed))
-                except BenchError as e:  # e.g. --run-timeout: keep the other runs of the matrix
-                    log(f"({policy}) seed {seed} failed: {e}")
-                    failed.append({"policy": policy, "seed": seed, "error": str(e)})
+            try:
+                results.append(run_once(env, args, policy, seed))
+            except (BenchError, KubeError) as e:  # e.g. --run-timeout, an overloaded apiserver: go on
+                log(f"({policy}) seed {seed} failed: {e}")
+                failed.append({"policy": policy, "seed": seed, "error": str(e)})
     finally:
         if env is not None:
             env.stop_scorer()
