@@ -53,7 +53,7 @@ from bench.placement import shapes
 from testkit import cluster as localcluster
 
 from topodra.classcatalog import catalog, to_device_class
-from topodra.kube import Kube, KubeError
+from topodra.kube import Kube, KubeError, make_transport
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
 
 # Placement benchmarks run on a private cluster (own state, ports, lock): they never hold the shared
@@ -65,6 +65,7 @@ DEFAULT_CLUSTER = REPO / "hack" / "clusters" / "enterprise-400.yaml"
 CORE = "/api/v1"
 RES = "/apis/resource.k8s.io/v1"
 NODE_LABEL = "bench.topodra.io/nodes"
+API_TIMEOUT = 60.0
 
 
 class BenchError(RuntimeError):
@@ -819,7 +820,8 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
     env: Env | None = None
     results: list[RunResult] = []
     try:
-        kube = Kube.from_kubeconfig(str(lc.admin_kubeconfig))
+        # 60 s per API call, not 15: on a loaded 2-core machine a list of 500 pods timed out and lost runs
+        kube = Kube(make_transport(str(lc.admin_kubeconfig)), timeout=API_TIMEOUT)
         matches = install_classes(kube)
         label = uuid.uuid4().hex[:6]
         _sim, node_su = publish(kube, prefixed(cluster, "", label))
