@@ -50,7 +50,7 @@ def test_rbac_only_lists_and_watches() -> None:
     role = kind(objs, "ClusterRole", "topodra-placement-scorer")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     dra = ("resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses", "devicetaintrules")
-    assert granted == {("resource.k8s.io", r) for r in dra} | {("", "nodes")}
+    assert granted == {("resource.k8s.io", r) for r in dra} | {("", "nodes"), ("", "pods")}
     assert all(sorted(rule["verbs"]) == ["list", "watch"] for rule in role["rules"])
     binding = kind(objs, "ClusterRoleBinding", "topodra-placement-scorer")
     (subject,) = binding["subjects"]
