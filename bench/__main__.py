@@ -73,6 +73,12 @@ def _kueue_latency(argv: list[str]) -> int:
     return main(argv)
 
 
+def _scorer_memory(argv: list[str]) -> int:
+    from bench.scorer_memory.main import main
+
+    return main(argv)
+
+
 def _cel_engines(argv: list[str]) -> int:
     from bench.cel_engines.main import main
 
@@ -93,6 +99,7 @@ BENCHES: dict[str, tuple[Main, str]] = {
     "placement": (_placement, "placement quality of four policies through the real kube-scheduler (root)"),
     "placement_plots": (_placement_plots, "re-plot a placement result as PNGs"),
     "scorer_latency": (_scorer_latency, "the placement scorer's prioritize latency alone (no cluster)"),
+    "scorer_memory": (_scorer_memory, "the placement scorer's view with its Pods watch, 500 nodes x 20 pods"),
     "cel_engines": (_cel_engines, "the scorer's CEL evaluator against CEL libraries (no cluster; libraries by hand)"),
     "schedule_throughput": (_schedule_throughput, "kube-scheduler pods/s at 500 nodes x 8 GPUs (root)"),
     "simulate": (_simulate, "topodra simulate --once on 50 nodes / 400 GPUs, quiet and loaded"),

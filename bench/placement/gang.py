@@ -36,7 +36,6 @@ from bench.placement import model as pm
 LEAF_LABEL = "topodra.io/leaf-group"
 SPINE_LABEL = "topodra.io/spine-group"
 GANG_POLICIES = frozenset({"e", "f"})
-SCORER_POLICIES = frozenset({"d", "f"})
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 TOPOLOGY_KEY = pm.SU_LABEL
 SPINE_FACTOR = 0.9

@@ -49,12 +49,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO, result_file
-from bench.placement import gang
+from bench.placement import gang, shapes
 from bench.placement import model as pm
 from testkit import cluster as localcluster
 
 from topodra.classcatalog import catalog, to_device_class
-from topodra.kube import Kube, KubeError
+from topodra.kube import Kube, KubeError, make_transport
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
 
 # Placement benchmarks run on a private cluster (own state, ports, lock): they never hold the shared
@@ -66,6 +66,7 @@ DEFAULT_CLUSTER = REPO / "hack" / "clusters" / "enterprise-400.yaml"
 CORE = "/api/v1"
 RES = "/apis/resource.k8s.io/v1"
 NODE_LABEL = "bench.topodra.io/nodes"
+API_TIMEOUT = 60.0
 
 
 class BenchError(RuntimeError):
@@ -196,19 +197,20 @@ class Env:
             return
         self.stop_scorer()
         extender = None
-        if policy in gang.SCORER_POLICIES:
-            extender = self.start_scorer()
+        if policy in pm.SCORER_POLICIES:
+            extender = self.start_scorer(pm.SCORER_POLICIES[policy])
         self.lc.restart_scheduler(pm.scheduler_config(policy), extender)
         self.policy = policy
         log(f"kube-scheduler restarted for policy ({policy}): {pm.POLICIES[policy]}")
 
-    def start_scorer(self) -> str:
+    def start_scorer(self, host_resources: str = "off") -> str:
         port = localcluster.free_port()
         self.logs.mkdir(parents=True, exist_ok=True)
         logf = (self.logs / "placement-scorer.log").open("ab")
         self.scorer = subprocess.Popen(
             [sys.executable, "-m", "topodra.cli", "placement-scorer", "--kubeconfig", str(self.lc.admin_kubeconfig),
-             "--listen", f"127.0.0.1:{port}"], stdout=logf, stderr=subprocess.STDOUT)
+             "--listen", f"127.0.0.1:{port}", "--host-resources", host_resources],
+            stdout=logf, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -301,7 +303,9 @@ def wait_untainted(kube: Kube, names: Sequence[str], timeout: float = 600) -> No
 
 def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.NodeCapacity:
     slices = list(kube.list(f"{RES}/resourceslices", field_selector=f"spec.driver={pm.DRIVER}"))
-    return pm.inventory_from_slices(slices, node_su, matches)
+    inv = pm.inventory_from_slices(slices, node_su, matches)
+    inv.host = shapes.node_allocatable(list(kube.list(f"{CORE}/nodes")), list(node_su))
+    return inv
 
 
 # --------------------------------------------------------------------------- one run
@@ -352,6 +356,7 @@ class Replay:
         self.run = uuid.uuid4().hex[:6]
         self.ns = f"pb-{policy}-{self.run}"
         self.mix = pm.job_classes(jobs)
+        self.jobs_by_pod = {name: j for j in jobs for name in j.pod_names()}
         self.snaps: list[pm.Snapshot] = []
         self.new_pods: set[str] = set()
         self.phases: dict[str, float] = {}
@@ -482,7 +487,7 @@ class Replay:
         free = pm.free_by_node(self.env.inv, used)
         out = []
         for job in self.clock.waiting():
-            if job.pods != 1:
+            if job.pods != 1 or not job.gpus:
                 continue
             models = pm.acceptable_models(job, self.policy, self.env.inv)
             if any(n >= job.per_pod and self.env.inv.node_model(node) in models for node, n in free.items()):
@@ -529,6 +534,8 @@ class Replay:
             self.missed_log += self.missed(used)
             self.gangs.observe(self.clock, arrived, placements, used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
+            snap = shapes.with_host(snap, self.env.inv, placements, self.jobs_by_pod, self.clock.waiting(),
+                                    self.policy)
             self.snaps.append(snap)
             if snap.used > peak[0] and self.clock.now <= self.clock.last_arrival:
                 peak = (snap.used, snap.free_per_node)
@@ -547,7 +554,7 @@ class Replay:
         scorer_text = self.env.scorer_metrics()
         scorer = histogram_quantiles(scorer_text, "prioritize_duration", before=scorer0)
         scorer_cpu = histogram_quantiles(scorer_text, "prioritize_cpu", before=scorer0)
-        if self.policy in gang.SCORER_POLICIES and not scorer.get("count"):
+        if self.policy in pm.SCORER_POLICIES and not scorer.get("count"):
             raise BenchError(f"policy ({self.policy}) ran but kube-scheduler never called the placement scorer "
                              "(no prioritize observations on its /metrics)")
         if scorer:
@@ -563,7 +570,8 @@ class Replay:
         return RunResult(
             policy=self.policy, seed=0, workload="", metrics=metrics, steps=steps, events=events,
             wall_s=wall, scheduler=scheduler, scorer=scorer,
-            series=[{"t": s.t, "used": s.used, "stranded": s.stranded, "fgd": round(s.fgd, 3),
+            series=[{"t": s.t, "used": s.used, "stranded": s.stranded, "stranded_cpu": s.stranded_cpu,
+                     "stranded_memory": s.stranded_memory, "fgd": round(s.fgd, 3),
                      "goodput": round(s.goodput, 3), "waiting": s.waiting} for s in self.snaps],
             peak_free_per_node=peak[1], waits=waits, gpus=self.env.inv.total(),
             phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log)
@@ -587,6 +595,10 @@ class Replay:
 
 
 def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, list[pm.Job]]:
+    if args.trace and args.shapes == "trace":
+        skip = args.trace_skip + (seed - args.seed0) * args.jobs
+        jobs = shapes.trace_jobs(args.trace, args.jobs, capacity, args.load, skip=skip)
+        return f"alibaba-shapes:{Path(args.trace).name}[{skip}:{skip + len(jobs)}]", jobs
     if args.trace:
         # The trace is one stream: seeds offset the window into it, so runs see different jobs.
         skip = args.trace_skip + (seed - args.seed0) * args.jobs
@@ -600,7 +612,8 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
 
 
 def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> None:
-    rows = ["utilisation", "goodput", "stranded_gpus", "fgd_fragmentation", "wait_p50_s.8", "wait_p95_s.8",
+    rows = ["utilisation", "goodput", "stranded_gpus", "stranded_gpus_cpu", "stranded_gpus_memory",
+            "cpu_only_pods_on_gpu_nodes", "fgd_fragmentation", "wait_p50_s.8", "wait_p95_s.8",
             "wait_p95_s.16", "wait_p95_s.1", "type_violations", "choice.1", "choice.2", "choice.3",
             "nvlink_locality", "rail_alignment", "scheduler_pods_per_s", "scorer_p50_ms", "scorer_p99_ms",
             "scorer_cpu_p50_ms", "scorer_cpu_p99_ms"]
@@ -618,7 +631,11 @@ def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Non
 
 
 TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model)", 3),
-              ("stranded_gpus", "stranded GPUs (mean)", 1), ("fgd_fragmentation", "FGD fragmentation", 3),
+              ("stranded_gpus", "stranded GPUs (mean)", 1),
+              ("stranded_gpus_cpu", "stranded by CPU (mean)", 1),
+              ("stranded_gpus_memory", "stranded by memory (mean)", 1),
+              ("cpu_only_pods_on_gpu_nodes", "CPU-only pods on GPU nodes (mean)", 1),
+              ("fgd_fragmentation", "FGD fragmentation", 3),
               ("wait_p50_s.8", "8-GPU wait p50 (s)", 0), ("wait_p95_s.8", "8-GPU wait p95 (s)", 0),
               ("wait_p95_s.16", "16-GPU wait p95 (s)", 0), ("wait_p95_s.4", "4-GPU wait p95 (s)", 0),
               ("wait_p95_s.1", "1-GPU wait p95 (s)", 0), ("type_violations", "type violations (jobs)", 1),
@@ -667,7 +684,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run placement", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
-    p.add_argument("--policies", default="a,b,c,d", help="comma-separated subset of a,b,c,d,e,f")
+    p.add_argument("--policies", default="a,b,c,d",
+                   help="comma-separated subset of a,b,c,d,dr,e,f (dr: (d') = (d) counting node CPU and memory)")
+    p.add_argument("--paired", action="store_true",
+                   help="run every policy of a seed before the next seed (restarts the scheduler between runs)")
+    p.add_argument("--shapes", choices=["fixed", "trace"], default="fixed",
+                   help="pod CPU/memory: fixed DGX share per GPU (12 CPU, 96Gi), or the trace's own requests "
+                        "with its CPU-only tasks as pods without claims (bench/placement/shapes.py)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed0", type=int, default=1)
     p.add_argument("--seed-list", help="comma-separated seeds (instead of --seed0/--seeds), e.g. to complete a matrix")
@@ -717,7 +740,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seed-list must be comma-separated integers, got {args.seed_list!r}")
     try:
         cluster = load_cluster(args.cluster)
-        if args.trace:
+        if args.trace and args.shapes == "trace":
+            shapes.trace_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
+        elif args.trace:
             pm.alibaba_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
     except (ValueError, pm.WorkloadError) as e:
         print(f"bench/run placement: {e}", file=sys.stderr)
@@ -757,7 +782,7 @@ def merge(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
-        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster")
+        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
             print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
@@ -824,21 +849,24 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
     env: Env | None = None
     results: list[RunResult] = []
     try:
-        kube = Kube.from_kubeconfig(str(lc.admin_kubeconfig))
+        # 60 s per API call, not 15: on a loaded 2-core machine a list of 500 pods timed out and lost runs
+        kube = Kube(make_transport(str(lc.admin_kubeconfig)), timeout=API_TIMEOUT)
         matches = install_classes(kube)
         label = uuid.uuid4().hex[:6]
         sim, node_su = publish(kube, prefixed(cluster, "", label))
         inv = build_inventory(kube, node_su, matches)
         env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label}, fabric=gang.fabric_of(sim.nodes))
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")
-        for policy in policies:
+        # --paired: seed after seed, every policy per seed (a matrix cut short still has paired runs)
+        order = [(p, s) for s in seeds_of(args) for p in policies] if args.paired else \
+            [(p, s) for p in policies for s in seeds_of(args)]
+        for policy, seed in order:
             env.use_policy(policy)
-            for seed in seeds_of(args):
-                try:
-                    results.append(run_once(env, args, policy, seed))
-                except BenchError as e:  # e.g. --run-timeout: keep the other runs of the matrix
-                    log(f"({policy}) seed {seed} failed: {e}")
-                    failed.append({"policy": policy, "seed": seed, "error": str(e)})
+            try:
+                results.append(run_once(env, args, policy, seed))
+            except (BenchError, KubeError) as e:  # e.g. --run-timeout, an overloaded apiserver: go on
+                log(f"({policy}) seed {seed} failed: {e}")
+                failed.append({"policy": policy, "seed": seed, "error": str(e)})
     finally:
         if env is not None:
             env.stop_scorer()

@@ -43,7 +43,9 @@ POLICIES: dict[str, str] = {
     "d": "(c) + topodra placement scorer (scheduler extender)",
     "e": "(c), multi-node jobs as a PodGroup gang with a scalable-unit topology constraint (bench/placement/gang.py)",
     "f": "(e) + topodra placement scorer (gang-aware: one leaf group inside the unit)",
+    "dr": "(d') (d) with the scorer counting node CPU and memory (--host-resources on)",
 }
+SCORER_POLICIES = {"d": "off", "dr": "on", "f": "off"}  # policy -> the scorer's --host-resources
 
 # Preference lists: name -> DeviceClass names, in order (classes from topodra's catalog).
 PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -67,8 +69,10 @@ class Job:
     id: int
     arrival: float
     duration: float
-    gpus: int
+    gpus: int  # 0: a CPU-only task (a pod without claims)
     prefs: str  # key of PREFERENCES
+    cpu_milli: int | None = None  # the pod's own requests (trace shapes, ``shapes.py``); None: the DGX share
+    memory_mib: int | None = None
 
     @property
     def pods(self) -> int:
@@ -234,7 +238,7 @@ def claim_spec_for(job: Job, policy: str) -> dict[str, Any] | None:
     if policy == "b":
         return {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": {
             "deviceClassName": job.classes[0], "allocationMode": "ExactCount", "count": job.per_pod}}]}}
-    if policy in ("c", "d", "e", "f"):
+    if policy in ("c", "d", "dr", "e", "f"):
         from topodra.controller.profile import ClaimProfile
         from topodra.controller.render import claim_spec
 
@@ -256,14 +260,17 @@ def alternative_names(job: Job) -> list[str]:
 def pod_for(job: Job, index: int, policy: str, run: str, node_selector: Mapping[str, str]) -> dict[str, Any]:
     """One pod of a job. A 16-GPU job's two pods require one scalable unit (pod affinity on the job)."""
     name = job.pod_names()[index]
-    res: dict[str, Any] = {"requests": {"cpu": str(CPU_PER_GPU * job.per_pod),
-                                        "memory": f"{MEM_GI_PER_GPU * job.per_pod}Gi"}}
+    cpu = f"{job.cpu_milli}m" if job.cpu_milli is not None else str(CPU_PER_GPU * job.per_pod)
+    mem = f"{job.memory_mib}Mi" if job.memory_mib is not None else f"{MEM_GI_PER_GPU * job.per_pod}Gi"
+    res: dict[str, Any] = {"requests": {"cpu": cpu, "memory": mem}}
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
         "nodeSelector": dict(node_selector),
         "containers": [{"name": "main", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never",
                         "command": ["true"], "resources": res}]}
-    if policy == "a":
+    if job.gpus == 0:
+        pass  # a CPU-only task: no claim, no GPU resource
+    elif policy == "a":
         res["requests"][EXTENDED_RESOURCE] = str(job.per_pod)
         res["limits"] = {EXTENDED_RESOURCE: str(job.per_pod)}
     else:
@@ -278,7 +285,7 @@ def pod_for(job: Job, index: int, policy: str, run: str, node_selector: Mapping[
 
 
 def claim_for(job: Job, index: int, policy: str, run: str) -> dict[str, Any] | None:
-    spec = claim_spec_for(job, policy)
+    spec = claim_spec_for(job, policy) if job.gpus else None
     if spec is None:
         return None
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -306,6 +313,7 @@ class NodeCapacity:
     su: dict[str, str]  # node -> scalable unit
     accepts: dict[str, frozenset[str]]  # class -> models it selects
     busbw_nic: dict[str, float]  # node -> per-NIC all-reduce GB/s
+    host: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> allocatable (CPU milli, memory bytes)
 
     @property
     def nodes(self) -> list[str]:
@@ -375,12 +383,21 @@ def placement_from(pod: Mapping[str, Any], claim: Mapping[str, Any] | None) -> P
     """A bound pod with an allocated claim -> Placement; None while not placed."""
     node = (pod.get("spec") or {}).get("nodeName")
     alloc = ((claim or {}).get("status") or {}).get("allocation")
+    if node and claim is None and not gpu_pod(pod):
+        return Placement(node=node, devices=(), subrequest=None)  # a CPU-only task, bound
     if not node or not alloc:
         return None
     results = [r for r in alloc["devices"]["results"] if r.get("driver") == DRIVER]
     subs = {r["request"].split("/", 1)[1] for r in results if "/" in r.get("request", "")}
     return Placement(node=node, devices=tuple(sorted(r["device"] for r in results)),
                      subrequest=next(iter(subs)) if len(subs) == 1 else None)
+
+
+def gpu_pod(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod asks for GPUs (a claim, or the count-only extended resource)."""
+    spec = pod.get("spec") or {}
+    return bool(spec.get("resourceClaims")) or any(
+        EXTENDED_RESOURCE in ((c.get("resources") or {}).get("requests") or {}) for c in spec.get("containers") or [])
 
 
 # --------------------------------------------------------------------------- virtual clock
@@ -499,9 +516,9 @@ def free_by_node(inv: NodeCapacity, used: set[tuple[str, str]]) -> dict[str, int
 
 def stranded_gpus(inv: NodeCapacity, free: Mapping[str, int], waiting: Sequence[Job], policy: str) -> int:
     """Free GPUs on nodes where no waiting job's pod fits (type and count); 0 when nobody waits."""
-    if not waiting:
+    if not any(j.gpus for j in waiting):
         return 0
-    needs = {(acceptable_models(j, policy, inv), j.per_pod) for j in waiting}
+    needs = {(acceptable_models(j, policy, inv), j.per_pod) for j in waiting if j.gpus}
     stranded = 0
     for node, n_free in free.items():
         model = inv.node_model(node)
@@ -512,9 +529,9 @@ def stranded_gpus(inv: NodeCapacity, free: Mapping[str, int], waiting: Sequence[
 
 def job_classes(jobs: Sequence[Job]) -> dict[tuple[str, int], float]:
     """FGD task classes (preference list, GPUs per pod) with their popularity in the stream."""
-    c = Counter((j.prefs, j.per_pod) for j in jobs)
+    c = Counter((j.prefs, j.per_pod) for j in jobs if j.gpus)
     total = sum(c.values())
-    return {k: v / total for k, v in c.items()}
+    return {k: v / total for k, v in c.items()} if total else {}
 
 
 def fgd_fragmentation(inv: NodeCapacity, free: Mapping[str, int], mix: Mapping[tuple[str, int], float],
@@ -567,8 +584,8 @@ def ideal_busbw(job: Job, inv: NodeCapacity, nodes_per_job: int) -> float:
 
 
 def slowdown(job: Job, inv: NodeCapacity, placements: Sequence[Placement]) -> float:
-    """1 + f * (busbw_ideal / busbw - 1); single-GPU jobs do not communicate."""
-    if job.gpus == 1:
+    """1 + f * (busbw_ideal / busbw - 1); single-GPU (and CPU-only) jobs do not communicate."""
+    if job.gpus <= 1:
         return 1.0
     ideal = ideal_busbw(job, inv, len(placements))
     return 1.0 + COMM_SHARE * max(ideal / job_busbw(inv, placements) - 1.0, 0.0)
@@ -619,6 +636,9 @@ class Snapshot:
     waiting: int
     waiting_gpus: int
     free_per_node: dict[str, int]
+    stranded_cpu: int = 0  # of ``stranded``: GPUs no waiting pod can use for lack of node CPU (shapes.py)
+    stranded_memory: int = 0
+    cpu_only_on_gpu_nodes: int = 0  # bound pods without GPUs on GPU nodes
 
 
 def snapshot(t: float, inv: NodeCapacity, used: set[tuple[str, str]], clock: VirtualClock,
@@ -669,6 +689,8 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
     violations = mismatches = 0
     multi_gpu_pods = nvl_local = multi_node = aligned = 0
     for s in placed:
+        if not s.job.gpus:
+            continue  # a CPU-only task chooses no GPU type
         rank = choice_rank(s.job, inv, s.placements)
         chosen = subrequest_rank(s.job, s.placements)
         if chosen is not None and chosen != rank:
@@ -692,6 +714,10 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
         "utilisation": time_average(snaps, "used", t0, t1) / cap,
         "stranded_gpus": time_average(snaps, "stranded", t0, t1),
         "stranded_gpu_hours": time_average(snaps, "stranded", t0, t1) * (t1 - t0) / 3600,
+        "stranded_gpus_cpu": time_average(snaps, "stranded_cpu", t0, t1),
+        "stranded_gpus_memory": time_average(snaps, "stranded_memory", t0, t1),
+        "cpu_only_pods_on_gpu_nodes": time_average(snaps, "cpu_only_on_gpu_nodes", t0, t1),
+        "cpu_only_jobs": sum(1 for s in states if not s.job.gpus),
         "stranded_share_while_waiting": (statistics.fmean(s.stranded / cap for s in stranded_while_waiting)
                                          if stranded_while_waiting else 0.0),
         "fgd_fragmentation": time_average(snaps, "fgd", t0, t1) / cap,

@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from bench.paths import REPO
 
-COLORS = {"a": "tab:gray", "b": "tab:orange", "c": "tab:blue", "d": "tab:green"}
+COLORS = {"a": "tab:gray", "b": "tab:orange", "c": "tab:blue", "d": "tab:green", "dr": "tab:red"}
 
 
 def _first_seed_runs(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -188,8 +188,9 @@ def with_fabric(current: dict[str, str], labels: dict[str, str]) -> dict[str, st
     return {**labels, **fabric.labels}
 
 
-def ensure_node(kube: Kube, name: str, labels: dict[str, str], cpu: str = "128") -> None:
-    """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready."""
+def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tuple[str, str] = ("128", "2Ti")) -> None:
+    """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready with
+    ``allocatable`` (CPUs, memory) as capacity and allocatable."""
     existing = kube.get(node_path(name))
     labels = with_fabric((existing or {}).get("metadata", {}).get("labels") or {}, labels)
     if existing is None:
@@ -197,7 +198,16 @@ def ensure_node(kube: Kube, name: str, labels: dict[str, str], cpu: str = "128")
     elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
         kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
     if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
-        kube.merge_patch(node_path(name) + "/status", fake_node_status(name, cpu=cpu))
+        kube.merge_patch(node_path(name) + "/status", fake_node_status(name, *allocatable))
+
+
+def profile_allocatable(profile: str) -> tuple[str, str]:
+    """A simulated node's (CPUs, memory): its profile's logical CPUs and ``hostMemory`` (the server's
+    datasheet), 2Ti where the profile names no memory. No kubelet reservations are subtracted."""
+    from topodra.hardware.mockprofile import host_allocatable, load_profile
+
+    cpus, memory = host_allocatable(load_profile(profile))
+    return cpus, memory or "2Ti"
 
 
 class Simulation:
@@ -228,19 +238,21 @@ class Simulation:
             # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win,
             # except that Topograph's tiers on an existing Node win over the file's tier names.
             list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels},
-                                                **self._node_cpu(n)), self.nodes))
+                                                self._allocatable(n)), self.nodes))
         for n in self.nodes:
             self.publishers[n.name] = SlicePublisher(self.kube, self.cluster.driver_name, n.name,
                                                      Inventory(devices[n.name]), min_write_interval=0)
         log.info("simulating %d nodes (discovery + node objects in %.1fs; discovery %.1fs)", len(self.nodes),
                  time.monotonic() - t0, t1 - t0)
 
-    def _node_cpu(self, n: SimNode) -> dict[str, str]:
-        """With the CPU driver, a node's allocatable cpu is its logical CPUs: pods repeat their claimed CPUs there."""
+    def _allocatable(self, n: SimNode) -> tuple[str, str]:
+        """(CPUs, memory) of the node's profile; with the CPU driver the CPUs are the ones its slices publish
+        (pods repeat their claimed CPUs in requests.cpu, so both must agree)."""
+        cpus, memory = profile_allocatable(n.profile)
         pub = self.cpu_publishers.get(n.name)
-        if pub is None:
-            return {}
-        return {"cpu": str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in pub.inventory.devices))}
+        if pub is not None:
+            cpus = str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in pub.inventory.devices))
+        return cpus, memory
 
     def reconcile_all(self) -> int:
         """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written."""

@@ -49,6 +49,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
                                               "is free).", ("model",)),
     "topodra_inventory_pending_claims": ("Unallocated ResourceClaims, per DeviceClass they request.",
                                          ("device_class",)),
+    "topodra_inventory_node_cpu_allocatable_cores": ("Allocatable CPU of the node (status.allocatable).", ("node",)),
+    "topodra_inventory_node_cpu_free_cores": (
+        "Allocatable CPU minus the requests of the node's bound, non-terminal pods (NodeResourcesFit).", ("node",)),
+    "topodra_inventory_node_memory_allocatable_bytes": ("Allocatable memory of the node.", ("node",)),
+    "topodra_inventory_node_memory_free_bytes": (
+        "Allocatable memory minus the requests of the node's bound, non-terminal pods.", ("node",)),
+    "topodra_inventory_gpus_stranded": (
+        "Free GPUs the node's free CPU (resource=cpu) or memory (resource=memory) cannot give the node's per-GPU "
+        "share (allocatable / GPUs).", ("node", "resource")),
     "topodra_inventory_up": ("1 when the last refresh read the API server, 0 when it failed.", ()),
     "topodra_inventory_refresh_seconds": ("Seconds the last refresh took (list the objects, build the view).", ()),
     "topodra_inventory_last_refresh_timestamp_seconds": ("Unix time of the last successful refresh.", ()),
@@ -74,6 +83,14 @@ def families(view: ClusterView) -> list[GaugeMetricFamily]:
             fams["topodra_inventory_gpus_free"].add_metric(labels, c[FREE])
             fams["topodra_inventory_gpus_allocated"].add_metric(labels, c[ALLOCATED])
             fams["topodra_inventory_gpus_tainted"].add_metric(labels, c[TAINTED])
+        h = node.host
+        if h is not None:
+            fams["topodra_inventory_node_cpu_allocatable_cores"].add_metric([node.name], h.cpu_allocatable_milli / 1000)
+            fams["topodra_inventory_node_cpu_free_cores"].add_metric([node.name], h.cpu_free_milli / 1000)
+            fams["topodra_inventory_node_memory_allocatable_bytes"].add_metric([node.name], h.memory_allocatable_bytes)
+            fams["topodra_inventory_node_memory_free_bytes"].add_metric([node.name], h.memory_free_bytes)
+            fams["topodra_inventory_gpus_stranded"].add_metric([node.name, "cpu"], h.gpus_stranded_cpu)
+            fams["topodra_inventory_gpus_stranded"].add_metric([node.name, "memory"], h.gpus_stranded_memory)
     for m in view.models:
         fams["topodra_inventory_gpus_free_unschedulable"].add_metric([m.model], m.free_unschedulable)
         fams["topodra_inventory_nodes_unschedulable"].add_metric([m.model], m.unschedulable_nodes)

@@ -31,8 +31,8 @@ def fetch(kube: Kube, driver: str, node_selector: str | None = None) -> Sources:
         "claims": (claim_path(), None, None, False),
         "classes": (device_class_path(), None, None, False),
         "nodes": (node_path(), None, node_selector, False),
-        # Only pods still waiting for a node can hold a pending claim.
-        "pods": (pod_path(), "status.phase=Pending", None, False),
+        # Pending pods hold the pending claims; bound, non-terminal ones hold node CPU and memory.
+        "pods": (pod_path(), "status.phase!=Succeeded,status.phase!=Failed", None, False),
         "taint_rules": (device_taint_rule_path(), None, None, True),
     }
     with ThreadPoolExecutor(len(calls)) as pool:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.clusterview.hostcols import HostCols, host_columns
 
 # The fleet state and measure (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``:
 # the renderers and the ``--watch --png`` worker need only the dataclasses here, and a fork that happens
@@ -103,6 +104,7 @@ class NodeRow:
     rails: tuple[RailCount, ...]
     fragmentation: float  # F_n: expected free GPUs the next request cannot use
     unschedulable_reason: str = ""  # why no pod lands here now ("cordoned", "not Ready", "tainted k:E")
+    host: HostCols | None = None  # free CPU and memory, GPUs they strand (None: allocatable unknown)
 
     def count(self, state: str) -> int:
         return sum(1 for g in self.gpus if g.state == state)
@@ -190,6 +192,12 @@ class ClusterView:
         return sum(m.free_unschedulable for m in self.models)
 
     @property
+    def stranded_by_host(self) -> tuple[int, int]:
+        """Free GPUs stranded by CPU and by memory, over all nodes (``clusterview.hostcols``)."""
+        hs = [n.host for n in self.nodes if n.host is not None]
+        return sum(h.gpus_stranded_cpu for h in hs), sum(h.gpus_stranded_memory for h in hs)
+
+    @property
     def unschedulable_nodes(self) -> int:
         """Nodes with GPUs of ours that no pod can land on now."""
         return sum(1 for n in self.nodes if not n.schedulable and n.gpus)
@@ -215,6 +223,8 @@ class ClusterView:
         out["summary"] = {"total": self.total, "free": self.free, "allocated": self.allocated,
                           "tainted": self.tainted, "free_unschedulable": self.free_unschedulable,
                           "unschedulable_nodes": self.unschedulable_nodes,
+                          "gpus_stranded_cpu": self.stranded_by_host[0],
+                          "gpus_stranded_memory": self.stranded_by_host[1],
                           "fragmentation": round(self.fragmentation, 4),
                           "pending_claims": len(self.pending), "pending_by_device_class": self.pending_by_class()}
         return out
@@ -340,6 +350,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     Nodes without a Node object (slices only) are shown and treated as schedulable.
     """
     from topodra.fleet.fgd import DEFAULT_PRIOR, Fragmentation, make_mix
+    from topodra.fleet.hostres import HostResources
     from topodra.fleet.state import ClusterState, qualified_attributes
 
     wanted = set(nodes) if nodes is not None else None
@@ -358,6 +369,9 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     known = frozenset(k for k, m in state.classes.items() if m is not None)
     mix = make_mix(DEFAULT_PRIOR if prior is None else prior, prior_weight, state.observed_mix(), driver, known)
     measure = Fragmentation()
+    hosts = HostResources()  # NodeResourcesFit's free CPU and memory per node
+    hosts.replace_nodes(src.nodes)
+    hosts.replace_pods(src.pods)
 
     by_node: dict[str, list[Obj]] = defaultdict(list)
     for s in slices:
@@ -412,7 +426,8 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                           for d, gs in domains.items()),
             rails=tuple(RailCount(r, sum(1 for n in ns if n.state == FREE), len(ns))
                         for r, ns in sorted(rails.items(), key=lambda kv: -1 if kv[0] is None else kv[0])),
-            fragmentation=frag))
+            fragmentation=frag,
+            host=host_columns(hosts.room(node), sum(1 for g in gpus if g.state == FREE), len(gpus))))
 
     pending = pending_claims(src.claims, src.pods)
     return ClusterView(driver=driver, nodes=tuple(rows), models=tuple(summarize_models(rows)),

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from topodra.clusterview.hostcols import HostCols, cpu_text, memory_text
 from topodra.clusterview.model import ALLOCATED, FREE, TAINTED, Cell, ClusterView, NodeRow, domain_label
 from topodra.clusterview.table import summary_line, unschedulable_text
 
@@ -51,6 +52,18 @@ class Picture:
     height: int
     cells: dict[tuple[str, str], tuple[float, float]]  # (node, device) -> centre
     colours: dict[str, str]  # legend: "free", "tainted", namespaces -> hex colour
+    host_labels: dict[str, str] = field(default_factory=dict)  # node -> its CPU/memory text, as drawn
+
+
+STRANDED_COLOUR = "#b5179e"  # the CPU/memory text of a node whose free GPUs they strand
+HOST_IN = 2.3  # room right of the NICs for "CPU 20/224  mem 148/2048Gi  7 GPUs stranded by CPU"
+
+
+def host_label(h: HostCols) -> str:
+    """A node's free CPU and memory, and the GPUs they strand, as the picture writes it."""
+    text = f"CPU {cpu_text(h)}  mem {memory_text(h)}"
+    parts = [f"{n} by {what}" for n, what in ((h.gpus_stranded_cpu, "CPU"), (h.gpus_stranded_memory, "memory")) if n]
+    return text + (f"  stranded: {', '.join(parts)}" if parts else "")
 
 
 def namespace_colours(view: ClusterView) -> dict[str, str]:
@@ -160,7 +173,8 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
     name_in = 0.15 + 0.065 * max((len(n.name) + (0 if n.schedulable else 4) for n, _d in rows), default=4)
     axes_w_in = width_units * CELL_IN
     axes_h_in = max(len(rows), 1) * ROW_IN
-    fig_w = max(name_in + axes_w_in + band_label_in + 0.3, MIN_WIDTH_IN)
+    host_in = HOST_IN if any(n.host is not None for n, _d in rows) else 0.0
+    fig_w = max(name_in + axes_w_in + band_label_in + host_in + 0.3, MIN_WIDTH_IN)
     titles = [(line, size, i == 0) for i, text in enumerate(title_lines(view))
               for size in (9.0 if i == 0 else 7.5,)
               for line in textwrap.wrap(text, max(20, int((fig_w - 0.2) / (size * CHAR_IN_PER_PT * (1.1 if i == 0
@@ -204,7 +218,13 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
                         f"{shared[dom]} GPUs, {free} free", va="center", ha="left", fontsize=7)
             start = i
 
+    host_x = width_units + 0.3 + band_label_in / CELL_IN
+    host_labels: dict[str, str] = {}
     for y, (node, _dom) in enumerate(rows):
+        if node.host is not None:
+            host_labels[node.name] = host_label(node.host)
+            ax.text(host_x, y + 0.5, host_labels[node.name], ha="left", va="center", fontsize=5.5,
+                    color=STRANDED_COLOUR if node.host.stranded else "#444444")
         ax.text(-0.3, y + 0.5, node.name + ("" if node.schedulable else " (x)"), ha="right", va="center",
                 fontsize=7, color="black" if node.schedulable else "#888888")
         for cell, x in columns[node.name]:
@@ -248,5 +268,6 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
         pixels = {key: (float(px), float(height_px - py)) for key, (px, py) in zip(centres, points, strict=True)}
     fig.savefig(str(path), dpi=dpi, format="png")
     return Picture(path=str(path), width=int(width_px), height=int(height_px), cells=pixels,
-                   colours={**{"free": FREE_COLOUR, "tainted": TAINTED_COLOUR}, **ns_colours})
+                   colours={**{"free": FREE_COLOUR, "tainted": TAINTED_COLOUR}, **ns_colours},
+                   host_labels=host_labels)
 

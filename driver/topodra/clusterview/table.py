@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from topodra.clusterview.hostcols import cpu_text, memory_text, stranded_text
 from topodra.clusterview.model import FREE, ClusterView, NodeRow, RailCount
 
 MAX_LISTED = 4  # claims named per pending group before "+N more"
@@ -28,12 +29,16 @@ def rail_header(rows: tuple[NodeRow, ...]) -> str:
 
 
 def node_table(view: ClusterView) -> list[str]:
-    rows = [["NODE", "MODEL", "GPUS FREE", "NVLINK FREE/GPUS", rail_header(view.nodes), "TAINTED"]]
+    host = any(n.host is not None for n in view.nodes)  # columns only where nodes report allocatable
+    rows = [["NODE", "MODEL", "GPUS FREE", "NVLINK FREE/GPUS", rail_header(view.nodes), "TAINTED",
+             *(["CPU FREE", "MEMORY FREE", "STRANDED BY CPU/MEM"] if host else [])]]
     for n in view.nodes:
         domains = " ".join(f"{d.label}:{d.free}/{d.total}" for d in n.domains) or "-"
+        h = n.host
         rows.append([n.name + ("" if n.schedulable else " (unschedulable)"), n.model or "-",
                      f"{n.count(FREE)}/{len(n.gpus)}", domains, rails_text(n.rails),
-                     ",".join(n.tainted_devices) or "-"])
+                     ",".join(n.tainted_devices) or "-",
+                     *(([cpu_text(h), memory_text(h), stranded_text(h)] if h else ["-", "-", "-"]) if host else [])])
     return _grid(rows)
 
 
@@ -65,12 +70,18 @@ def summary_line(view: ClusterView) -> str:
     frag = view.fragmentation
     share = f" ({frag / view.free:.0%} of free)" if view.free else ""
     aside = unschedulable_text(view.free_unschedulable, view.unschedulable_nodes)
+    by_cpu, by_mem = view.stranded_by_host
+    host = f"; stranded by CPU {by_cpu}, by memory {by_mem}" if by_cpu or by_mem else ""
     return (f"{view.total} GPUs: {view.free} free{aside}, {view.allocated} allocated, {view.tainted} tainted; "
-            f"fragmented {frag:.1f} GPUs{share}; {len(view.pending)} pending claims")
+            f"fragmented {frag:.1f} GPUs{share}{host}; {len(view.pending)} pending claims")
 
 
 UNSCHEDULABLE_NOTE = ("Unschedulable: cordoned, not Ready or with a NoSchedule/NoExecute node taint; their free GPUs "
                       "count as free but take no claim now (largest claim counts schedulable nodes only).")
+
+
+HOST_NOTE = ("CPU/memory free: allocatable minus the requests of bound pods (NodeResourcesFit). Stranded by CPU/MEM: "
+             "free GPUs the free CPU (memory) cannot give the node's per-GPU share (allocatable / GPUs).")
 
 
 def pending_lines(view: ClusterView) -> list[str]:
@@ -93,6 +104,7 @@ def render_table(view: ClusterView) -> str:
         lines = node_table(view)
     lines += ["", *model_table(view), "", "Cluster: " + summary_line(view),
               *([UNSCHEDULABLE_NOTE] if view.unschedulable_nodes else []),
+              *([HOST_NOTE] if any(n.host is not None for n in view.nodes) else []),
               "Fragmented: free GPUs the next request cannot use, expected over the placement scorer's request mix (" +
               ", ".join(f"{name} {p:.0%}" for name, p in view.mix) + ").",
               "", *pending_lines(view)]

@@ -164,9 +164,13 @@ class Fragmentation:
         """F_n = sum_m p_m * unusable(n, m); ``used``: the node's unavailable device indices."""
         total = 0.0
         for i, demand, p in classes if classes is not None else self._classes(mix):
-            key = (view.shape, used, i)
-            u = self._unusable.get(key)
-            if u is None:
-                u = self._unusable[key] = unusable(view, used, demand)
-            total += p * u
+            total += p * self.unusable_of(view, used, i, demand)
         return total
+
+    def unusable_of(self, view: NodeView, used: frozenset[int], i: int, demand: Demand) -> int:
+        """``unusable(view, used, demand)``, memoised; ``i``: the demand's id from ``_classes``."""
+        key = (view.shape, used, i)
+        u = self._unusable.get(key)
+        if u is None:
+            u = self._unusable[key] = unusable(view, used, demand)
+        return u

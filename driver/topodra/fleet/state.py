@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from topodra.fleet.allocations import allocated_keys
 from topodra.fleet.cel import Selector, qualified_capacity, recognise
 from topodra.fleet.demand import Demand, DemandError, parse_demand
+from topodra.fleet.hostres import HostResources
 from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, rule_matches, rule_taint
@@ -181,6 +182,7 @@ class ClusterState:
         self._used_by_node: dict[str, frozenset[int]] = {}
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
+        self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
 
     # ----- updates
 
@@ -241,10 +243,21 @@ class ClusterState:
         self.nodes.add(_key(obj)[1])
         self.node_labels[_key(obj)[1]] = {str(k): str(v) for k, v in
                                           ((obj.get("metadata") or {}).get("labels") or {}).items()}
+        self.hosts.set_node(obj)
 
     def delete_node(self, name: str) -> None:
         self.nodes.discard(name)
         self.node_labels.pop(name, None)
+        self.hosts.delete_node(name)
+
+    def set_pod(self, obj: Obj) -> None:
+        """One Pod watch feeds both pod views: gang membership (``pods``) and CPU/memory held (``hosts``)."""
+        self.pods.set_pod(obj)
+        self.hosts.set_pod(obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.pods.delete_pod(namespace, name)
+        self.hosts.delete_pod(namespace, name)
 
     def set_claim(self, obj: Obj) -> None:
         key = _key(obj)
@@ -313,8 +326,10 @@ class ClusterState:
             self.node_labels = {}
             for o in items:
                 self.set_node(o)
+            self.hosts.replace_nodes(items)
         elif kind == "pods":
             self.pods.replace_pods(items)
+            self.hosts.replace_pods(items)
         elif kind == "podgroups":
             self.pods.replace_groups(items)
         elif kind == "claims":
@@ -435,7 +450,7 @@ class ClusterState:
     def sizes(self) -> dict[str, int]:
         return {"slices": len(self.slices), "nodes": len(self.nodes), "claims": len(self.claims),
                 "templates": len(self.templates), "device_classes": len(self.classes),
-                "taint_rules": len(self.taint_rules),
+                "taint_rules": len(self.taint_rules), "pods": len(self.hosts.pods),
                 "used_devices": len(self.used), "recent_claims": len(self.recent),
                 "node_views": len(self._views), "shapes": len(self._shapes)}
 

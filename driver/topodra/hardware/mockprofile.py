@@ -125,6 +125,9 @@ class Profile(_Model):
     nics: list[Nic] = Field(default_factory=list)
     fabric: Fabric = Fabric()
     discovery: dict[str, Any] = Field(default_factory=dict)  # DiscoveryConfig defaults for this profile
+    # The server's system memory as a Kubernetes quantity (vendor datasheet); simulated nodes report it,
+    # with the logical CPUs of ``numa``, as their allocatable (``host_allocatable``).
+    hostMemory: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -145,6 +148,15 @@ class Profile(_Model):
         if nv is not None and nv.topology == "switch" and not nv.switches:
             raise ValueError(f"profile {self.name}: switch NVLink needs switch addresses")
         return self
+
+
+def host_allocatable(profile: Profile) -> tuple[str, str | None]:
+    """(logical CPUs, system memory) of the profile's server: the CPUs its NUMA nodes list, the memory
+    its ``hostMemory`` names (None when the profile does not say)."""
+    cpus: set[int] = set()
+    for n in profile.numa:
+        cpus |= parse_cpulist(n.cpus)
+    return str(len(cpus)), profile.hostMemory
 
 
 def profile_names() -> list[str]:

@@ -57,9 +57,15 @@ def sources(driver: str) -> list[Source]:
         Source("claims", claim_path()),
         Source("templates", template_path()),
         Source("taintrules", device_taint_rule_path(), optional=True),
-        Source("pods", pod_path()),  # a gang's siblings (fleet.pods)
+        pods_source(),  # CPU/memory held (fleet.hostres) and a gang's siblings (fleet.pods)
         Source("podgroups", podgroup_path(), optional=True),  # absent without the GenericWorkload gate
     ]
+
+
+def pods_source() -> Source:
+    """Every pod (bound ones hold node CPU and memory; unbound ones carry their pod group). Terminal
+    pods are filtered by the server: they hold nothing (``fleet.hostres``)."""
+    return Source("pods", pod_path(), "status.phase!=Succeeded,status.phase!=Failed")
 
 
 def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> None:
@@ -80,7 +86,7 @@ def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> No
     elif kind == "taintrules":
         state.delete_taint_rule(name) if deleted else state.set_taint_rule(obj)
     elif kind == "pods":
-        state.pods.delete_pod(ns or "default", name) if deleted else state.pods.set_pod(obj)
+        state.delete_pod(ns or "default", name) if deleted else state.set_pod(obj)
     elif kind == "podgroups":
         state.pods.delete_group(ns or "default", name) if deleted else state.pods.set_group(obj)
     else:

@@ -25,6 +25,7 @@ from topodra.fleet.allocator import Rank
 from topodra.fleet.demand import Demand
 from topodra.fleet.domains import Candidate, Choice, choose, domain_key, in_domain_scores
 from topodra.fleet.fgd import Mix
+from topodra.fleet.hostfrag import HostFit
 from topodra.fleet.pods import Pods, pod_group_name
 from topodra.fleet.state import NodeView
 from topodra.placement.score import Scorer
@@ -63,10 +64,12 @@ class Gangs:
 
     def score(self, pod: Obj, pods: Pods, labels: dict[str, dict[str, str]],
               candidates: Sequence[Candidate], demands: Sequence[Demand], mix: Mix,
-              scorer: Scorer) -> list[tuple[str, int]]:
+              scorer: Scorer, hosts: Sequence[HostFit | None] | None = None) -> list[tuple[str, int]]:
         """(node, 0..10) per candidate: the node rule alone when the pod is in no gang, no domain
-        label is known, or the candidates already share one domain."""
-        node_scores = scorer.score(candidates, demands, mix)
+        label is known, or the candidates already share one domain. ``hosts``: per candidate its free CPU
+        and memory for this pod (the scorer's CPU/memory-aware rule), or None."""
+        node_scores = scorer.score(candidates, demands, mix, hosts)
+        host_of = dict(zip((c[0] for c in candidates), hosts, strict=True)) if hosts is not None else None
         self.last = None
         group = pod_group_name(pod)
         if not group or not demands:
@@ -94,4 +97,5 @@ class Gangs:
         self._remember(gang, choice)
         self.last = choice
         inside = [c for c in candidates if labels.get(c[0], {}).get(key) == choice.value]
-        return in_domain_scores(node_scores, scorer.score(inside, demands, mix), labels, choice)
+        inside_hosts = [host_of[c[0]] for c in inside] if host_of is not None else None
+        return in_domain_scores(node_scores, scorer.score(inside, demands, mix, inside_hosts), labels, choice)

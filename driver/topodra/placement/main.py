@@ -2,7 +2,7 @@
 
 Run beside kube-scheduler and point an ``extenders[]`` entry at it (deploy/placement/,
 docs/placement.md).  It lists and watches ResourceSlices, ResourceClaims,
-ResourceClaimTemplates, DeviceClasses, DeviceTaintRules and Nodes, and answers ``POST /prioritize``
+ResourceClaimTemplates, DeviceClasses, DeviceTaintRules, Nodes and Pods, and answers ``POST /prioritize``
 from that view alone.
 """
 
@@ -44,6 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how many claims the prior counts as when mixed with observed claims (default 20)")
     p.add_argument("--window", type=int, default=200,
                    help="learn the request mix from this many most recent claims (default 200; 0: prior only)")
+    p.add_argument("--host-resources", choices=["on", "off"], default="on",
+                   help="count nodes' free CPU and memory: GPUs a job class cannot use for lack of them are "
+                        "fragments, and a node without room for the pod scores 0 (default on)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     cache = Cache(kube, ClusterState(args.driver, window=args.window))
-    placement = Placement(cache, prior, args.prior_weight)
+    placement = Placement(cache, prior, args.prior_weight, host_aware=args.host_resources == "on")
     try:
         server = Server(placement, host, port)
     except OSError as e:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from topodra.fleet.allocator import Rank, free_gpus, place_ranked, selector_mask
 from topodra.fleet.demand import Demand
 from topodra.fleet.fgd import Fragmentation, Mix
+from topodra.fleet.hostfrag import HostFit, host_fragmentation
 from topodra.fleet.state import NodeView
 
 MAX_SCORE = 10
@@ -71,36 +72,51 @@ class Scorer(Fragmentation):
 
     def cost(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...], mix: Mix,
              classes: list[tuple[int, Demand, float]] | None = None,
-             mask: bytes | None = None) -> tuple[Rank, float] | None:
+             mask: bytes | None = None, host: HostFit | None = None) -> tuple[Rank, float] | None:
         """(rank of the alternatives taken, delta F of placing the pod here plus the best-fit
-        tie-break), or None when it does not fit."""
+        tie-break), or None when it does not fit (devices, or with ``host`` the node's CPU/memory)."""
+        if host is not None and not host.fits():
+            return None
         got = self.placement(view, used, demands, mask)
         if got is None:
             return None
         after, rank = got
         classes = classes if classes is not None else self._classes(mix)
-        delta = self.fragmentation(view, after, mix, classes) - self.fragmentation(view, used, mix, classes)
+        if host is not None:
+            delta = self.host_delta(view, used, after, classes, host)
+        else:
+            delta = self.fragmentation(view, after, mix, classes) - self.fragmentation(view, used, mix, classes)
         return rank, delta + BEST_FIT_WEIGHT * free_gpus(view, after)
 
+    def host_delta(self, view: NodeView, used: frozenset[int], after: frozenset[int],
+                   classes: list[tuple[int, Demand, float]], host: HostFit) -> float:
+        """delta F with the node's free CPU and memory before and after the pod (``fleet.hostfrag``)."""
+        before = host_fragmentation(self, view, used, classes, host.cpu_free, host.memory_free, host.share)
+        return host_fragmentation(self, view, after, classes, host.cpu_free - host.pod_cpu,
+                                  host.memory_free - host.pod_memory, host.share) - before
+
     def score(self, candidates: Sequence[tuple[str, NodeView | None, frozenset[int]]],
-              demands: Sequence[Demand], mix: Mix) -> list[tuple[str, int]]:
-        """(node, 0..10) for each candidate, in the order given."""
+              demands: Sequence[Demand], mix: Mix,
+              hosts: Sequence[HostFit | None] | None = None) -> list[tuple[str, int]]:
+        """(node, 0..10) for each candidate, in the order given; ``hosts``: per candidate its free CPU and
+        memory for this pod (CPU/memory-aware FGD), None for GPU-only scoring."""
         self._trim()
         if not demands:
             return [(name, 0) for name, _v, _u in candidates]  # nothing of ours: no opinion
         key = tuple(demands)
         classes = self._classes(mix)
-        memo: dict[tuple[int, bytes, frozenset[int]], tuple[Rank, float] | None] = {}
+        memo: dict[tuple[int, bytes, frozenset[int], tuple[int, int] | None], tuple[Rank, float] | None] = {}
         costs: list[tuple[Rank, float] | None] = []
         with_selectors = any(d.has_selectors for d in key)
-        for _name, view, used in candidates:
+        for c, (_name, view, used) in enumerate(candidates):
             if view is None:
                 costs.append(None)
                 continue
+            host = hosts[c] if hosts is not None else None
             mask = selector_mask(view, key) if with_selectors else b""
-            k = (view.shape, mask, used)
+            k = (view.shape, mask, used, host.key() if host is not None else None)
             if k not in memo:
-                memo[k] = self.cost(view, used, key, mix, classes, mask)
+                memo[k] = self.cost(view, used, key, mix, classes, mask, host)
             costs.append(memo[k])
         fitting = [c for c in costs if c is not None]
         if not fitting:

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from topodra.fleet.fgd import Mix, make_mix
 from topodra.placement.cache import Cache
 from topodra.placement.gang import Gangs
+from topodra.placement.hostaware import host_fits
 from topodra.placement.score import Scorer
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,9 @@ class Placement:
     """Scores pods against the cache; owns the scorer's memo and the metrics."""
 
     def __init__(self, cache: Cache, prior: Mapping[int, float], prior_weight: float,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, host_aware: bool = True) -> None:
         self.cache = cache
+        self.host_aware = host_aware  # count nodes' free CPU and memory (fleet.hostfrag)
         self.prior = dict(prior)
         self.prior_weight = prior_weight
         self.scorer = Scorer()
@@ -118,7 +120,8 @@ class Placement:
             for n in names:
                 view = state.node_view(n)
                 cands.append((n, view, state.unavailable_indices(view) if view is not None else frozenset()))
-            scores = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer)
+            hosts = host_fits(state, pod, demands, names) if self.host_aware and demands else None
+            scores = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer, hosts)
         return [{"Host": n, "Score": s} for n, s in scores]
 
 

@@ -25,9 +25,9 @@ def script(rules: list[Any]) -> dict[str, list[Any]]:
             f"{V1}/resourceclaims": [("list", [], "5")],
             f"{V1}/deviceclasses": [("list", list(device_classes()), "5")],
             "/api/v1/nodes": [("list", [{"metadata": {"name": "a"}}], "5")],
+            "/api/v1/pods": [("list", [], "5")],
             f"{V1}/resourceclaimtemplates": [("list", [], "5")],
             f"{V1}/devicetaintrules": rules,
-            "/api/v1/pods": [("list", [], "5")],
             "/apis/scheduling.k8s.io/v1beta1/podgroups": [("list", [], "5")]}
 
 

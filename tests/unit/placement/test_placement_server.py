@@ -63,9 +63,9 @@ def test_informer_relists_on_410_and_applies_events() -> None:
         claims: [("list", [], "5"), ("watch", [{"type": "ADDED", "object": allocated}])],
         "/apis/resource.k8s.io/v1/deviceclasses": [("list", list(device_classes()), "5")],
         "/api/v1/nodes": [("list", [{"metadata": {"name": "a"}}], "5")],
+        "/api/v1/pods": [("list", [], "5")],
         "/apis/resource.k8s.io/v1/resourceclaimtemplates": [("list", [], "5")],
         "/apis/resource.k8s.io/v1/devicetaintrules": [("list", [], "5")],
-        "/api/v1/pods": [("list", [], "5")],
         "/apis/scheduling.k8s.io/v1beta1/podgroups": [("list", [], "5")],
     })
     cache = Cache(kube, ClusterState("gpu.topodra.io"))

@@ -1,0 +1,73 @@
+"""FGD with the node's CPU and memory: free GPUs a class cannot use because the node's free CPU or memory
+cannot hold that class's per-GPU share count as fragments too. Pure.
+
+The *job class share* is the per-GPU CPU and memory of the pod being scored (its own requests over the
+GPUs its claims ask for, ``Share.of``): the scorer asks "if more jobs shaped like this one come, which
+free GPUs could they not use?". A class of k GPUs per placement then needs k times that share per
+placement, and on a node with free CPU c and memory r it can take at most
+min(floor(c / (k * cpu_share)), floor(r / (k * mem_share))) placements, whatever the devices allow:
+
+    F_n(m) = free GPUs - min(free GPUs - unusable_gpu(n, m), k * that many placements)
+
+With no share (a pod without requests) or an unknown allocatable this is plain FGD (``fleet.fgd``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topodra.fleet.allocator import free_gpus
+from topodra.fleet.demand import Demand
+from topodra.fleet.fgd import Fragmentation
+from topodra.fleet.hostres import Share, host_gpu_limit
+from topodra.fleet.state import NodeView
+
+
+def class_gpus(demand: Demand) -> int:
+    """GPUs one placement of the class takes: each request's first (preferred) alternative, summed;
+    0 when a request takes all matching devices (its size is not known up front)."""
+    total = 0
+    for r in demand.requests:
+        if not r.alternatives or r.alternatives[0].count == 0:
+            return 0
+        total += r.alternatives[0].count
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class HostFit:
+    """What the scorer knows of a candidate's host resources for one pod."""
+
+    cpu_free: int  # millicores free now (allocatable - bound pods' requests)
+    memory_free: int  # bytes
+    pod_cpu: int  # the scored pod's own request
+    pod_memory: int
+    share: Share | None  # per-GPU share of the scored pod's class; None: not asked
+
+    def fits(self) -> bool:
+        return self.pod_cpu <= self.cpu_free and self.pod_memory <= self.memory_free
+
+    def key(self) -> tuple[int, int]:
+        return self.cpu_free, self.memory_free
+
+
+def capped_unusable(free: int, unusable_gpu: int, k: int, cpu_free: int, memory_free: int,
+                    share: Share | None) -> int:
+    """``unusable`` of one class once the node's free CPU and memory cap its placements."""
+    if share is None or k <= 0:
+        return unusable_gpu
+    by_cpu, by_mem = host_gpu_limit(cpu_free, memory_free, share, k)
+    usable = min(free - unusable_gpu, by_cpu, by_mem)
+    return free - max(0, usable)
+
+
+def host_fragmentation(frag: Fragmentation, view: NodeView, used: frozenset[int],
+                       classes: list[tuple[int, Demand, float]], cpu_free: int, memory_free: int,
+                       share: Share | None) -> float:
+    """F_n = sum_m p_m * capped_unusable(n, m) on the memoised GPU-only fragments."""
+    free = free_gpus(view, used)
+    total = 0.0
+    for i, demand, p in classes:
+        u = frag.unusable_of(view, used, i, demand)
+        total += p * capped_unusable(free, u, class_gpus(demand), cpu_free, memory_free, share)
+    return total

@@ -1,0 +1,30 @@
+"""The scorer's CPU/memory input for one pod: per candidate node, its free CPU and memory and the pod's
+per-GPU share (``fleet.hostfrag``). Pure over the cache's state.
+
+A node whose allocatable the scorer has not seen gets None (GPU-only scoring there); so does every node
+when the pod's claims ask for no countable GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from topodra.fleet.demand import Demand
+from topodra.fleet.hostfrag import HostFit, class_gpus
+from topodra.fleet.hostres import Share, pod_requests
+from topodra.fleet.state import ClusterState
+
+
+def host_fits(state: ClusterState, pod: dict[str, Any], demands: Sequence[Demand],
+              names: Sequence[str]) -> list[HostFit | None]:
+    """One ``HostFit`` (or None) per candidate name, in order."""
+    cpu, mem = pod_requests(pod)
+    gpus = sum(class_gpus(d) for d in demands)
+    share = Share.of(cpu, mem, gpus) if all(class_gpus(d) for d in demands) else None
+    out: list[HostFit | None] = []
+    for n in names:
+        room = state.hosts.room(n)
+        out.append(None if room is None else HostFit(cpu_free=room.cpu_free, memory_free=room.memory_free,
+                                                     pod_cpu=cpu, pod_memory=mem, share=share))
+    return out
