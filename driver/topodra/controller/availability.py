@@ -139,9 +139,10 @@ def _pairs_by_rail(gpus: list[PublishedDevice], nics: list[PublishedDevice], dri
     return sum(min(cnt, n[r]) for r, cnt in g.items() if r is not None)
 
 
-def node_fits(gpus: list[PublishedDevice], nics: list[PublishedDevice], count: int, profile: ClaimProfile,
-              driver: str) -> bool:
-    """Whether ``count`` of these free GPUs (one node) satisfy the Required placement."""
+def placement_groups(gpus: list[PublishedDevice], count: int, profile: ClaimProfile,
+                     driver: str) -> tuple[list[list[PublishedDevice]], bool]:
+    """The free GPUs of one node split by the attributes a Required placement must match (NVLink domain,
+    NUMA node; with RailAligned and count > 1 the model too), and whether NICs must pair by rail."""
     topo = profile.spec.topology
     attrs = [attribute_for(d, driver) for d in ("nvlink", "numa") if getattr(topo, d) == "Required"]
     rail = topo.nic == "RailAligned"
@@ -153,7 +154,14 @@ def node_fits(gpus: list[PublishedDevice], nics: list[PublishedDevice], count: i
         if None in key:
             continue  # a device lacking the attribute cannot satisfy matchAttribute
         groups[key].append(d)
-    for members in groups.values():
+    return list(groups.values()), rail
+
+
+def node_fits(gpus: list[PublishedDevice], nics: list[PublishedDevice], count: int, profile: ClaimProfile,
+              driver: str) -> bool:
+    """Whether ``count`` of these free GPUs (one node) satisfy the Required placement."""
+    groups, rail = placement_groups(gpus, count, profile, driver)
+    for members in groups:
         have = _pairs_by_rail(members, nics, driver) if rail else len(members)
         if have >= count:
             return True

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from topodra.apipaths import pod_path
-from topodra.controller.availability import PublishedDevice, Snapshot, class_match
+from topodra.controller.availability import PublishedDevice, Snapshot, class_match, placement_groups
 from topodra.controller.gangspec import level_key
 from topodra.controller.profile import API_VERSION, KIND, Alternative, ClaimProfile
-from topodra.controller.render import MANAGED_BY, PROFILE_LABEL, attribute_for
+from topodra.controller.render import MANAGED_BY, PROFILE_LABEL
 from topodra.kube import Kube, KubeError
 from topodra.selectors import DeviceMatch, attribute
 
@@ -66,22 +66,13 @@ class Choice:
 def pods_on_node(gpus: list[PublishedDevice], nics: list[PublishedDevice], count: int, profile: ClaimProfile,
                  driver: str) -> int:
     """How many claims of ``count`` of these free devices (one node) fit at once, honouring Required placement."""
-    topo = profile.spec.topology
-    attrs = [attribute_for(d, driver) for d in ("nvlink", "numa") if getattr(topo, d) == "Required"]
-    rail = topo.nic == "RailAligned"
-    if rail and count > 1:
-        attrs.append(f"{driver}/model")
-    groups: dict[tuple[Any, ...], list[PublishedDevice]] = defaultdict(list)
-    for d in gpus:
-        key = tuple(attribute(d.raw, a, driver) for a in attrs)
-        if None not in key:
-            groups[key].append(d)
+    groups, rail = placement_groups(gpus, count, profile, driver)
     total = 0
     rail_attr = f"{driver}/rail"
     nic_rails: dict[Any, int] = defaultdict(int)
     for n in nics:
         nic_rails[attribute(n.raw, rail_attr, driver)] += 1
-    for members in groups.values():
+    for members in groups:
         if rail:
             have: dict[Any, int] = defaultdict(int)
             for g in members:
