@@ -109,8 +109,10 @@ def test_gpus_stranded_by_cpu_are_scored_and_the_scheduler_follows(
         big_pod = with_requests(big_base, "96", "128Gi")
         probe8 = copy.deepcopy(big_pod)
         probe8["metadata"] = {"name": "probe8", "namespace": s.ns}
-        scores = scores_once(scorer, probe8, [hog, roomy], lambda sc: sc[hog] == 0,
-                             "scorer sees the 1-GPU pod bound on the hog node")
+        # Ready once the view has the 1-GPU pod bound on hog and the 8-GPU template (until the template
+        # arrives every node scores 0, which would pass a check on hog alone).
+        scores = scores_once(scorer, probe8, [hog, roomy], lambda sc: sc[hog] == 0 and sc[roomy] > 0,
+                             "scorer sees the 1-GPU pod bound on the hog node and the 8-GPU template")
         assert scores == {hog: 0, roomy: 10}, scores
         s.pod("eight-gpu", big, s.nodes(), big_pod)
         node, results = s.wait_allocated("eight-gpu")
