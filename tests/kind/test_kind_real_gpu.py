@@ -47,7 +47,9 @@ for i in range(max(count.value, 0)):
 loaded = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libcuda" in line})
 sha = hashlib.sha256(open(loaded[0], "rb").read()).hexdigest() if loaded else ""
 print("PROBE " + json.dumps({"dev": dev, "caps": caps, "init": init, "rc": rc, "count": count.value,
-                             "minors": minors, "loaded": loaded, "sha256": sha}))
+                             "minors": minors, "loaded": loaded, "sha256": sha}), flush=True)
+import time
+time.sleep(3600)  # keep the claim prepared (the kubelet unprepares it once the pod is done) while the test looks
 """
 
 
@@ -74,13 +76,22 @@ spec:
 
 
 def run_probe(kind: Kind, ns: str, name: str, template: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """(pod, what the probe printed, injected() of its environment) of a probe pod that ran to completion."""
+    """(pod, what the probe printed, injected() of its environment) of a running probe pod, its claim prepared."""
     kind.apply(ns, probe_pod(name, template))
-    pod = kind.wait_pod_phase(ns, name, ("Succeeded",), timeout=240)
-    log = kind.k("logs", "-n", ns, name).stdout
+    pod = kind.wait_pod_phase(ns, name, ("Running",), timeout=240)
+
+    def printed() -> str | None:
+        log = kind.k("logs", "-n", ns, name).stdout
+        return log if any(line.startswith("PROBE ") for line in log.splitlines()) else None
+    log = wait_until(f"{name}'s probe output", printed, timeout=120)
     lines = [line for line in log.splitlines() if line.startswith("PROBE ")]
     assert len(lines) == 1, log
     return pod, json.loads(lines[0].removeprefix("PROBE ")), injected(log)
+
+
+def version(v: str) -> str:
+    """A driver version as the slices publish it (semver: no leading zeros, 535.161.08 -> 535.161.8)."""
+    return ".".join(str(int(x)) for x in v.split("."))
 
 
 def standin_config(kind: Kind, node: str) -> Any:
@@ -110,7 +121,7 @@ def test_plugin_runs_on_nvml_and_publishes_the_trees_gpus(kind: Kind) -> None:
         gpus = [d for s in slices["items"] for d in s["spec"].get("devices") or []
                 if (d.get("attributes") or {}).get("type", {}).get("string") in ("gpu", "gpu-mig-parent")]
         assert {d["attributes"]["uuid"]["string"] for d in gpus} == {g["uuid"] for g in cfg["gpus"]}, profile
-        assert {d["attributes"]["driverVersion"]["version"] for d in gpus} == {cfg["driverVersion"]}, profile
+        assert {d["attributes"]["driverVersion"]["version"] for d in gpus} == {version(cfg["driverVersion"])}, profile
         logs = kind.k("logs", "-n", PLUGIN_NS, pod["metadata"]["name"], "-c", "plugin").stdout
         assert "host driver:" in logs, logs[-3000:]
 
