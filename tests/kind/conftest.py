@@ -1,9 +1,10 @@
-"""The kind suite: topodra installed with its Helm chart on a real kind cluster with mock GPUs.
+"""The kind suite: topodra installed with its Helm chart on a real kind cluster with stand-in GPUs.
 
 Real kubelets, containerd, DaemonSets and pod networking in docker containers (hack/kind-up), unlike the
 rest of the tests, which share one loopback cluster. Not collected by `pytest tests` (norecursedirs);
-run it as `make kind-test` (control plane + 2 workers: mock DGX H100 and DGX A100 80GB) or
-`make kind-smoke` (one node, the tests marked smoke).
+run it as `make kind-test` (control plane + 3 workers: DGX H100, DGX A100 80GB, DGX H100 with MIG on) or
+`make kind-smoke` (one node, the tests marked smoke). Every plugin node runs the chart's real-GPU branch
+(hardware nvml) on a host driver tree under STANDIN/<node> (hack/kind-standin).
 
 The session fixture starts a private dockerd when no engine works (hack/dockerd), builds or reuses the
 offline node image (hack/kind-image), creates the cluster, and always deletes it again, on success and
@@ -36,7 +37,10 @@ KEEP = os.environ.get("TOPODRA_KIND_KEEP") == "1"
 DRIVER = "gpu.topodra.io"
 PLUGIN_NS = "topodra-system"
 CDI_DIR = "/var/run/cdi"
+# Where hack/kind-up puts the nodes' host driver trees: STANDIN/<node>/{driver,sys} (hack/kind_standin.py).
+STANDIN = Path(os.environ.get("TOPODRA_KIND_STANDIN_DIR", "/var/tmp/topodra-kind")) / CLUSTER
 TIMINGS: dict[str, float] = {}
+KIND_TEST_TIMEOUT = 1800  # s per test, the first one's share of the session fixture (kind-up) included
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True,
@@ -104,6 +108,10 @@ class Kind:
         path = f"{CDI_DIR}/k8s.{DRIVER}-claim_{claim_uid}.json"
         return self.node_exec(node, "test", "-f", path, check=False).returncode == 0
 
+    def tree(self, node: str) -> Path:
+        """The host driver tree the node mounts (its driver root, as a GPU node's)."""
+        return STANDIN / node / "driver"
+
     def nodes_by_profile(self) -> dict[str, str]:
         """mock profile -> node name, from the labels deploy/kind/*.yaml put on the plugin nodes."""
         nodes = self.get("nodes", "-l", "topodra.io/mock-profile")["items"]
@@ -152,7 +160,8 @@ def _engine() -> str:
 def kind() -> Iterator[Kind]:
     """Bring up the kind cluster (and, if needed, a private dockerd); tear both down whatever happens."""
     started_dockerd = False
-    env = {"KIND_CLUSTER_NAME": CLUSTER, "KIND_API_SERVER_PORT": str(free_port())}
+    env = {"KIND_CLUSTER_NAME": CLUSTER, "KIND_API_SERVER_PORT": str(free_port()),
+           "TOPODRA_KIND_STANDIN_DIR": str(STANDIN.parent)}
     bins = run([str(HACK / "build-bins"), "--print"]).stdout.strip()
     kind_bin = run([str(HACK / "kind-image"), "--kind"]).stdout.strip()
     kind_cmd = kind_bin if Path(kind_bin).exists() else "kind"
@@ -193,7 +202,13 @@ def ns(kind: Kind) -> Iterator[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the one-node topology only the tests marked smoke apply (the others need both mock servers)."""
+    """On the one-node topology only the tests marked smoke apply (the others need both mock servers).
+
+    The session fixture's setup counts against the first test's pytest-timeout: kind-up alone may take its own
+    limit (1200 s; 600 s was exceeded at load 30-50 on 2 cores), so kind tests get more than the default."""
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(KIND_TEST_TIMEOUT))
     if TOPOLOGY != "single":
         return
     keep = [i for i in items if i.get_closest_marker("smoke")]

@@ -127,7 +127,7 @@ def test_claimprofile_falls_back_from_h100_worker_to_a100_worker(kind: Kind, ns:
     """A ClaimProfile preferring 8 H100s, else 8 A100 80GB: the first pod fills the H100 worker, the second
     lands on the A100 worker through the rendered template's next alternative."""
     nodes = kind.nodes_by_profile()
-    assert set(nodes) == {"dgx-h100", "dgx-a100-80gb"}, nodes
+    assert {"dgx-h100", "dgx-a100-80gb"} <= set(nodes), nodes
     kind.apply(ns, """
 apiVersion: topodra.io/v1alpha1
 kind: ClaimProfile
@@ -230,7 +230,7 @@ def test_plugin_pod_restart_keeps_prepared_claims(kind: Kind, ns: str) -> None:
 def test_every_plugin_node_publishes_its_own_mock_profile(kind: Kind) -> None:
     """One Helm release, two profiles: each worker's slices name its own GPU model and never the other's."""
     nodes = kind.nodes_by_profile()
-    assert set(nodes) == {"dgx-h100", "dgx-a100-80gb"}, nodes
+    assert {"dgx-h100", "dgx-a100-80gb"} <= set(nodes), nodes
     for profile, mine, other in (("dgx-h100", "H100", "A100"), ("dgx-a100-80gb", "A100", "H100")):
         strings = slice_strings(kind, nodes[profile])
         assert any(mine in v for v in strings), (profile, sorted(strings))
