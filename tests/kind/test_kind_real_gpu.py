@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import partial
 from typing import Any
 
@@ -123,7 +124,8 @@ def test_plugin_runs_on_nvml_and_publishes_the_trees_gpus(kind: Kind) -> None:
         assert {d["attributes"]["uuid"]["string"] for d in gpus} == {g["uuid"] for g in cfg["gpus"]}, profile
         assert {d["attributes"]["driverVersion"]["version"] for d in gpus} == {version(cfg["driverVersion"])}, profile
         logs = kind.k("logs", "-n", PLUGIN_NS, pod["metadata"]["name"], "-c", "plugin").stdout
-        assert "host driver:" in logs, logs[-3000:]
+        # hostdriver's start line ("host driver <version>: N device nodes under ..., M libraries from ...").
+        assert re.search(r"topodra\.hostdriver: host driver \S+: \d+ device nodes", logs), logs[-3000:]
 
 
 def _ready(kind: Kind, node: str) -> Any:
