@@ -9,7 +9,8 @@ driver tree, ``hack/nvml-standin/mps.c``, speaks the same protocol):
   ``/var/log/nvidia-mps``), writes ``nvidia-cuda-mps-control.pid`` and a ``control`` FIFO into the pipe
   directory, logs to ``control.log`` and keeps a file in ``/dev/shm`` (which is how tests see that the
   daemon and the claim's containers share one ``/dev/shm``).  A second ``-d`` on a live pipe directory fails:
-  "An instance of this daemon is already running".
+  "An instance of this daemon is already running".  ``-f`` does the same in the foreground (no fork, stdio
+  kept), as the daemon pod runs it.
 * ``nvidia-cuda-mps-control`` without ``-d`` sends each stdin line to the daemon of that pipe directory and
   prints its answer ("Cannot find MPS control daemon process", exit 1, when none listens):
   ``get_server_list`` (no servers: nothing), ``set_default_active_thread_percentage N``,
@@ -122,6 +123,18 @@ def daemonize() -> int:
     os._exit(0)
 
 
+def foreground() -> int:
+    """``-f``: serve in this process (the daemon pod's main process, as NVIDIA's DRA driver runs it)."""
+    pipe, logs = _dirs()
+    for d in (pipe, logs):
+        os.makedirs(d, exist_ok=True)
+    if _listening(pipe):
+        print("An instance of this daemon is already running", file=sys.stderr)
+        return 1
+    _Daemon(pipe, logs).serve()
+    return 0
+
+
 def client() -> int:
     pipe, _ = _dirs()
     for n, line in enumerate(raw.strip() for raw in sys.stdin):
@@ -152,6 +165,8 @@ def client() -> int:
 
 
 def main(argv: list[str]) -> int:
+    if "-f" in argv:
+        return foreground()
     return daemonize() if "-d" in argv else client()
 
 
