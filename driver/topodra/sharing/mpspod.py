@@ -80,6 +80,7 @@ def manifest(claim_uid: str, *, namespace: str, node: str, image: str, argv: Seq
             "nodeName": node,
             "restartPolicy": "OnFailure",  # ``quit`` ends it for good; a crash is restarted by the kubelet
             "hostPID": True,  # the pid file then means what it says on the host (logs only: liveness is the pipe)
+            "hostNetwork": True,  # it talks through the pipe only: no pod network (nor a CNI) needed
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],  # wherever the claim's GPU is, tainted or not
             "terminationGracePeriodSeconds": 10,

@@ -47,6 +47,7 @@ def test_the_pod_is_bound_to_the_node_ownerless_and_mounts_the_claims_dirs(tmp_p
     assert meta["labels"][mpspod.CLAIM_LABEL] == UID
     assert "ownerReferences" not in meta, "a plugin upgrade must not garbage-collect the daemon"
     assert spec["nodeName"] == "node-a" and spec["restartPolicy"] == "OnFailure"
+    assert spec["hostNetwork"] is True, "no pod network: a node without a CNI still runs it"
     (c,) = spec["containers"]
     assert c["image"] == "localhost/topodra:1" and c["command"] == [STAND_IN, "-f"]
     assert c["securityContext"] == {"privileged": True}
