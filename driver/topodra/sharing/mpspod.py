@@ -89,7 +89,8 @@ def manifest(claim_uid: str, *, namespace: str, node: str, image: str, argv: Seq
                 "name": "mps-control-daemon", "image": image, "imagePullPolicy": "IfNotPresent",
                 "command": list(argv),
                 "env": [{"name": k, "value": v} for k, v in sorted(full_env.items())],
-                "securityContext": {"privileged": True},
+                # root, as the plugin runs: the image's own user cannot make the control FIFO in the pipe dir
+                "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0},
                 "volumeMounts": mounts,
             }],
             "volumes": volumes,

@@ -50,7 +50,7 @@ def test_the_pod_is_bound_to_the_node_ownerless_and_mounts_the_claims_dirs(tmp_p
     assert spec["hostNetwork"] is True, "no pod network: a node without a CNI still runs it"
     (c,) = spec["containers"]
     assert c["image"] == "localhost/topodra:1" and c["command"] == [STAND_IN, "-f"]
-    assert c["securityContext"] == {"privileged": True}
+    assert c["securityContext"] == {"privileged": True, "runAsUser": 0, "runAsGroup": 0}
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
