@@ -96,7 +96,8 @@ class _Daemon:
                     continue
                 _log(self.logs, f"command: {cmd}")
                 out, quit_ = self.answer(cmd.split())
-                with contextlib.suppress(OSError), open(reply_path, "w") as reply:
+                # A name relative to the pipe dir: a daemon pod sees that dir under another path.
+                with contextlib.suppress(OSError), open(os.path.join(self.pipe, reply_path), "w") as reply:
                     reply.write(out)
         for path in (fifo, os.path.join(self.pipe, PID_FILE), self.shm):
             with contextlib.suppress(FileNotFoundError):
@@ -152,7 +153,7 @@ def client() -> int:
             os.unlink(reply)
         os.mkfifo(reply, 0o600)
         try:
-            os.write(fd, f"{reply} {line}\n".encode())
+            os.write(fd, f"{os.path.basename(reply)} {line}\n".encode())
             os.close(fd)
             with open(reply) as f:  # blocks until the daemon answers
                 sys.stdout.write(f.read())
