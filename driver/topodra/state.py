@@ -32,6 +32,7 @@ from topodra.claims import ClaimError, ClaimRef, FetchedClaim
 from topodra.crashpoints import CRASH_EXIT_CODE, CRASH_POINTS
 from topodra.devices import Device
 from topodra.effects import GpuEffect
+from topodra.effects.base import OutsideLock
 from topodra.filelock import FileLock, LockTimeout
 from topodra.hostdriver import HostDriver
 from topodra.inventory import Inventory
@@ -101,11 +102,43 @@ class DeviceState:
 
     def prepare(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]:
         """Prepare a batch (UIDs unique); one result per claim UID (errors per claim, never raised)."""
-        return self._batch("prepare", claims, lambda c: c.ref, self._prepare_locked, lambda e: PrepareResult([], e))
+        if not claims:
+            return {}
+        results = self._batch("prepare", claims, lambda c: c.ref, self._prepare_locked,
+                              lambda e: PrepareResult([], e))
+        ok = [uid for uid, r in results.items() if not r.error]
+        for uid, err in self._after_prepare(ok).items():
+            results[uid] = PrepareResult([], err)
+        return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare a batch; uid → "" on success (also for unknown claims) or an error."""
-        return self._batch("unprepare", claims, lambda c: c, self._unprepare_locked, lambda e: e)
+        if not claims:
+            return {}
+        results = self._batch("unprepare", claims, lambda c: c, self._unprepare_locked, lambda e: e)
+        for effect in self._outside_lock():
+            for uid, err in effect.after_unprepare().items():
+                if results.get(uid) == "":  # another call's leftover is reported by that call's retry
+                    results[uid] = err
+        return results
+
+    # ---- the effects' halves that talk to the API server: after the node lock ----
+
+    def _outside_lock(self) -> list[OutsideLock]:
+        return [e for e in self.effects if isinstance(e, OutsideLock) and e.outside_lock]
+
+    def _after_prepare(self, uids: Sequence[str]) -> dict[str, str]:
+        """Let effects finish the prepared claims ``uids`` outside the lock (the checkpoint is read without it:
+        it is replaced atomically, and a claim unprepared meanwhile is simply not found)."""
+        effects_ = self._outside_lock()
+        if not effects_ or not uids:
+            return {}
+        data = self._load()
+        entries = [data.claims[u] for u in uids if u in data.claims]
+        errors: dict[str, str] = {}
+        for effect in effects_:
+            errors.update(effect.after_prepare(entries, self.inventory.by_name))
+        return errors
 
     def checkpointed_claims(self) -> list[ClaimRef]:
         """The claims in the checkpoint now, read without the lock (the file is replaced atomically)."""
@@ -127,6 +160,11 @@ class DeviceState:
         with self._lock, self._node_locked("recover"):
             report = self._recover_locked(quarantine_corrupt)
         recovery.log_report(self.node_name, self.cdi_root, report)
+        for effect in self._outside_lock():  # stopped strays' leftovers; recorded claims' daemons made again
+            for uid, err in effect.after_unprepare().items():
+                log.error("node %s: claim %s: %s", self.node_name, uid, err)
+        for uid, err in self._after_prepare(list(self._load().claims)).items():
+            log.error("node %s: recovery: %s (claim %s)", self.node_name, err, uid)
         return report
 
     # ---- the one skeleton of both operations ----

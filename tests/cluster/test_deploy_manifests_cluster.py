@@ -132,6 +132,11 @@ def test_rbac_grants_what_the_code_uses_and_nothing_obvious_more(installed: Clus
             wrong.append(f"controller cannot {verb} leases in {NS}")
     if can_i(nc, CONTROLLER_SA, "update", "leases.coordination.k8s.io", "default"):
         wrong.append("controller can update leases outside its namespace")
+    for verb in ("get", "create", "delete"):  # the MPS daemon pods (plugin.mpsDaemon=pod), its namespace only
+        if not can_i(nc, PLUGIN_SA, verb, "pods", NS):
+            wrong.append(f"plugin cannot {verb} pods in {NS}")
+        if can_i(nc, PLUGIN_SA, verb, "pods", "default"):
+            wrong.append(f"plugin can {verb} pods outside its namespace")
     assert not wrong, "\n".join(wrong)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimRef
@@ -76,3 +76,20 @@ class GpuEffect(Protocol):
 def sharing_of(entry: ClaimEntry, strategy: str) -> list[CheckpointDevice]:
     """The claim's devices whose sharing config uses ``strategy``."""
     return [d for d in entry.devices if d.sharing is not None and d.sharing.strategy == strategy]
+
+
+@runtime_checkable
+class OutsideLock(Protocol):
+    """The half of an effect that talks to the API server, so runs after the node lock is released (the MPS
+    daemon pods).  ``DeviceState`` calls it for the claims a prepare answered and after every unprepare."""
+
+    @property
+    def outside_lock(self) -> bool:
+        """Whether this effect has such a half in this configuration (else it is never called)."""
+
+    def after_prepare(self, entries: Sequence[ClaimEntry], devices: Devices) -> dict[str, str]:
+        """Finish the prepared ``entries``; claim UID -> error for those that are not ready (they stay prepared;
+        the kubelet's retry comes back here)."""
+
+    def after_unprepare(self) -> dict[str, str]:
+        """Remove what the undone claims left to it; claim UID -> error for what is still there."""

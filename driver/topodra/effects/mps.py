@@ -91,6 +91,33 @@ class MpsEffect:
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         return None
 
+    # ---- outside the node lock (``effects.base.OutsideLock``): the daemon pods of --mps-daemon=pod ----
+
+    @property
+    def outside_lock(self) -> bool:
+        return self.daemons.pods is not None
+
+    def after_prepare(self, entries: Sequence[ClaimEntry], devices: Devices) -> dict[str, str]:
+        """Each prepared MPS claim's daemon pod made (or found) and answering, with its limits; uid -> error.
+        The claim stays prepared on an error: the kubelet retries the prepare, which comes back here."""
+        if self.daemons.pods is None:
+            return {}
+        errors: dict[str, str] = {}
+        for entry in entries:
+            uuids, limits, _exclusive = self._daemon_args(entry, devices)
+            if not uuids:
+                continue
+            try:
+                self.daemons.launch_pod(entry.uid, uuids, limits)
+            except MpsError as e:
+                log.error("claim %s: %s", entry.ref, e)
+                errors[entry.uid] = f"claim {entry.ref}: {e}"
+        return errors
+
+    def after_unprepare(self) -> dict[str, str]:
+        """The pods of the daemons unprepare stopped, deleted and gone; uid -> error (tried again next time)."""
+        return self.daemons.delete_pods()
+
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         """Stop daemons no prepared claim records; start recorded ones that are not running (after a reboot)."""
         try:

@@ -9,7 +9,8 @@ driver tree, ``hack/nvml-standin/mps.c``, speaks the same protocol):
   ``/var/log/nvidia-mps``), writes ``nvidia-cuda-mps-control.pid`` and a ``control`` FIFO into the pipe
   directory, logs to ``control.log`` and keeps a file in ``/dev/shm`` (which is how tests see that the
   daemon and the claim's containers share one ``/dev/shm``).  A second ``-d`` on a live pipe directory fails:
-  "An instance of this daemon is already running".
+  "An instance of this daemon is already running".  ``-f`` does the same in the foreground (no fork, stdio
+  kept), as the daemon pod runs it.
 * ``nvidia-cuda-mps-control`` without ``-d`` sends each stdin line to the daemon of that pipe directory and
   prints its answer ("Cannot find MPS control daemon process", exit 1, when none listens):
   ``get_server_list`` (no servers: nothing), ``set_default_active_thread_percentage N``,
@@ -95,7 +96,8 @@ class _Daemon:
                     continue
                 _log(self.logs, f"command: {cmd}")
                 out, quit_ = self.answer(cmd.split())
-                with contextlib.suppress(OSError), open(reply_path, "w") as reply:
+                # A name relative to the pipe dir: a daemon pod sees that dir under another path.
+                with contextlib.suppress(OSError), open(os.path.join(self.pipe, reply_path), "w") as reply:
                     reply.write(out)
         for path in (fifo, os.path.join(self.pipe, PID_FILE), self.shm):
             with contextlib.suppress(FileNotFoundError):
@@ -122,6 +124,18 @@ def daemonize() -> int:
     os._exit(0)
 
 
+def foreground() -> int:
+    """``-f``: serve in this process (the daemon pod's main process, as NVIDIA's DRA driver runs it)."""
+    pipe, logs = _dirs()
+    for d in (pipe, logs):
+        os.makedirs(d, exist_ok=True)
+    if _listening(pipe):
+        print("An instance of this daemon is already running", file=sys.stderr)
+        return 1
+    _Daemon(pipe, logs).serve()
+    return 0
+
+
 def client() -> int:
     pipe, _ = _dirs()
     for n, line in enumerate(raw.strip() for raw in sys.stdin):
@@ -139,7 +153,7 @@ def client() -> int:
             os.unlink(reply)
         os.mkfifo(reply, 0o600)
         try:
-            os.write(fd, f"{reply} {line}\n".encode())
+            os.write(fd, f"{os.path.basename(reply)} {line}\n".encode())
             os.close(fd)
             with open(reply) as f:  # blocks until the daemon answers
                 sys.stdout.write(f.read())
@@ -152,6 +166,8 @@ def client() -> int:
 
 
 def main(argv: list[str]) -> int:
+    if "-f" in argv:
+        return foreground()
     return daemonize() if "-d" in argv else client()
 
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -109,6 +109,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("numa_alias", "also publish each GPU's and NIC's NUMA node under this attribute, for a CPU driver that "
          "lacks resource.kubernetes.io/numaNode: dra.net/numaNode for dra-driver-cpu v0.2.0 (default none)",
          "ATTRIBUTE"),
+    Flag("mps_daemon", "where an MPS claim's control daemon runs: process (a child of the plugin; it survives "
+         "the plugin only when the plugin is a host process) or pod (a pod of its own per claim on this node, "
+         "NVIDIA's way: it survives a restart or upgrade of the plugin's pod; needs --mps-daemon-namespace and "
+         "--mps-daemon-image) (default process; the chart: pod)", "MODE"),
+    Flag("mps_daemon_namespace", "namespace of the MPS daemon pods (the chart: the plugin's own)", "NAMESPACE"),
+    Flag("mps_daemon_image", "image of the MPS daemon pods (the chart: the plugin's own image)", "IMAGE"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
 NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
@@ -148,6 +154,9 @@ class PluginConfig(BaseModel):
     health_no_execute: tuple[str, ...] = ()
     node_labels: bool = True
     numa_alias: str | None = None
+    mps_daemon: Literal["process", "pod"] = "process"
+    mps_daemon_namespace: str | None = None
+    mps_daemon_image: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -156,6 +165,15 @@ class PluginConfig(BaseModel):
             driver = data.get("driver_name") or DEFAULT_DRIVER_NAME
             data = {**data, "plugin_dir": KUBELET_PLUGINS_DIR / str(driver)}
         return data
+
+    @model_validator(mode="after")
+    def _mps_pod_settings(self) -> PluginConfig:
+        if self.mps_daemon == "pod" and not (self.mps_daemon_namespace and self.mps_daemon_image):
+            raise ValueError("--mps-daemon pod (env TOPODRA_MPS_DAEMON) needs --mps-daemon-namespace (env "
+                             "TOPODRA_MPS_DAEMON_NAMESPACE) and --mps-daemon-image (env TOPODRA_MPS_DAEMON_IMAGE)")
+        if self.mps_daemon_namespace is not None and not DNS_SUBDOMAIN.match(self.mps_daemon_namespace):
+            raise ValueError(f"--mps-daemon-namespace {self.mps_daemon_namespace!r} is not a namespace name")
+        return self
 
     @field_validator("driver_name", "node_name")
     @classmethod

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from topodra.publisher import SlicePublisher
     from topodra.sharing.computemode import ComputeModeControl
     from topodra.sharing.instances import MigInstances
+    from topodra.sharing.mpspod import MpsPods
     from topodra.sharing.timeslice import TimeSliceControl
     from topodra.state import DeviceState
 
@@ -145,7 +146,7 @@ class Plugin:
             state = build_state(cfg, inventory, observer, mig=mig,
                                 timeslice_control=control_for(self.backend().nvml, driver_root=driver_root(cfg)),
                                 compute_mode=compute_mode_for(self.backend().nvml, driver_root=driver_root(cfg)),
-                                host=host_driver(cfg))
+                                host=host_driver(cfg), mps_pods=mps_pods(cfg, kube))
             self.state = state
             board = DeviceHealthBoard(pool_name=cfg.node_name)
             inventory.subscribe(board.devices_changed)
@@ -264,23 +265,38 @@ def driver_root(cfg: PluginConfig) -> Path | None:
     return cfg.nvidia_driver_root if cfg.hardware == "nvml" else None
 
 
+def mps_pods(cfg: PluginConfig, kube: Any) -> MpsPods | None:
+    """``--mps-daemon pod``: the daemon pods' API access (``kube``: a ``topodra.kube.Kube``); None: processes."""
+    if cfg.mps_daemon != "pod":
+        return None
+    from topodra.sharing.mpspod import MpsPods
+
+    assert cfg.mps_daemon_namespace and cfg.mps_daemon_image  # PluginConfig checked both
+    return MpsPods(kube, cfg.mps_daemon_namespace, cfg.node_name, cfg.mps_daemon_image)
+
+
 def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
                 mig: MigInstances | None = None, timeslice_control: TimeSliceControl | None = None,
-                host: HostDriver | None = None, compute_mode: ComputeModeControl | None = None) -> DeviceState:
+                host: HostDriver | None = None, compute_mode: ComputeModeControl | None = None,
+                mps_pods: MpsPods | None = None) -> DeviceState:
     """The node's prepare state; its checkpoint lives in the plugin dir next to the DRA socket.
 
     ``mig``: NVML access to create and destroy MIG instances of allocated MIG placement devices;
     ``timeslice_control``: sets GPUs' time-slice levels, ``compute_mode`` their compute mode for MPS (the GPU
-    effects, ``topodra.effects``).
+    effects, ``topodra.effects``); ``mps_pods``: run the MPS daemons in pods of their own (``--mps-daemon pod``).
     """
     from topodra import effects
+    from topodra.sharing.mps import MpsDaemons
     from topodra.state import DeviceState
+
+    daemons = MpsDaemons(cfg.plugin_dir, driver_root=driver_root(cfg), compute_mode=compute_mode, pods=mps_pods,
+                         host_driver_root=cfg.nvidia_host_driver_root if cfg.hardware == "nvml" else None)
 
     return DeviceState(cfg.driver_name, cfg.node_name, inventory, cdi_root=cfg.cdi_root, state_dir=cfg.plugin_dir,
                        boot_id_path=str(cfg.boot_id_file), quarantine_corrupt=cfg.quarantine_corrupt_checkpoint,
                        observer=observer,
                        gpu_effects=effects.standard(cfg.plugin_dir, mig=mig, timeslice=timeslice_control,
-                                                    driver_root=driver_root(cfg), compute_mode=compute_mode),
+                                                    mps=daemons),
                        host_driver=host)
 
 

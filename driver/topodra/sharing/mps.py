@@ -32,16 +32,18 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from topodra.selectors import parse_quantity
-from topodra.sharing import driverbins, mpscontrol, mpsshm
+from topodra.sharing import driverbins, mpscontrol, mpspod, mpsshm
 from topodra.sharing.computemode import ComputeMode, ComputeModeControl, ComputeModeError
 from topodra.sharing.config import Mps
 from topodra.sharing.mpscontrol import MpsError
 from topodra.sharing.mpsns import PRELOAD_ENV
+from topodra.sharing.mpspod import MpsPods
 
 __all__ = ["MpsDaemons", "MpsError", "claim_env"]
 
@@ -90,8 +92,17 @@ class MpsDaemons:
 
     def __init__(self, state_dir: str | os.PathLike[str], binary: str | None = None,
                  driver_root: str | os.PathLike[str] | None = None,
-                 compute_mode: ComputeModeControl | None = None, shm_size: int | None = None) -> None:  # fmt: skip
+                 compute_mode: ComputeModeControl | None = None, shm_size: int | None = None,
+                 pods: MpsPods | None = None,
+                 host_driver_root: str | os.PathLike[str] | None = None) -> None:  # fmt: skip
+        """``pods``: run each daemon in a pod of its own (``mpspod``): ``start`` then does the local half only
+        and ``launch_pod`` (outside the node lock) the rest; ``stop`` leaves the pod to ``delete_pods``.
+        ``host_driver_root``: the driver root as the host sees it (the pod's hostPath; default ``driver_root``)."""
         self.root = Path(state_dir) / SUBDIR
+        self.pods = pods
+        self.host_driver_root = host_driver_root
+        self._doomed: set[str] = set()  # claims whose daemon quit under the lock; their pods go after it
+        self._doomed_lock = threading.Lock()
         self.binary = binary
         self.driver_root = driver_root
         self.compute_mode = compute_mode
@@ -168,10 +179,14 @@ class MpsDaemons:
             mpsshm.mount(self.shm_dir(claim_uid), self.shm_size)
             for uuid in exclusive:
                 self._set_mode(uuid, "EXCLUSIVE_PROCESS")
-            if not running:
-                self._launch(claim_uid, uuids)
-            if limits:
-                self.control(claim_uid, limits)
+            if self.pods is not None:  # the pod is made outside the node lock (launch_pod), limits with it
+                with self._doomed_lock:
+                    self._doomed.discard(claim_uid)
+            else:
+                if not running:
+                    self._launch(claim_uid, uuids)
+                if limits:
+                    self.control(claim_uid, limits)
         except (MpsError, mpsshm.ShmError, ComputeModeError, OSError, subprocess.TimeoutExpired) as e:
             err = e if isinstance(e, MpsError) else MpsError(f"claim {claim_uid}: cannot start {BINARY}: {e}")
             if not running:  # a daemon that served before this call is left to the claim's unprepare
@@ -216,7 +231,60 @@ class MpsDaemons:
         except (ComputeModeError, mpsshm.ShmError) as e:
             raise MpsError(f"claim {claim_uid}: {e}") from e
         shutil.rmtree(base, ignore_errors=True)
+        if self.pods is not None:
+            with self._doomed_lock:
+                self._doomed.add(claim_uid)
         return running
+
+    # ---- the daemon pod (--mps-daemon=pod): API calls, so never under the node lock ----
+
+    def pod_manifest(self, claim_uid: str, uuids: Sequence[str]) -> mpspod.Obj:
+        """The claim's daemon pod: ``<control> -f`` with the tool's preload and PATH, the claim's GPUs."""
+        assert self.pods is not None
+        if self.driver_root is not None and Path(self.driver_root) == Path("/"):  # a hostPath / over the pod's /
+            raise MpsError(f"claim {claim_uid}: an MPS daemon pod needs the driver root at a directory of its own "
+                           "(the chart's /driver-root), not /; with the driver at / run the plugin with "
+                           "--mps-daemon process")
+        t = self._tool()
+        env = t.environ({}, {"CUDA_VISIBLE_DEVICES": ",".join(uuids)})
+        pipe, logs = self.dirs(claim_uid)
+        root = binary = None
+        if self.driver_root is not None:
+            root = (str(self.host_driver_root or self.driver_root), str(self.driver_root))
+        if self.binary or os.environ.get(BINARY_ENV):  # named by the admin or a test, maybe not in the image
+            inside_root = root is not None and t.path.is_relative_to(root[1])
+            binary = None if inside_root else str(t.path)
+        return mpspod.manifest(claim_uid, namespace=self.pods.namespace, node=self.pods.node,
+                               image=self.pods.image, argv=[str(t.path), "-f"], env=env, pipe=pipe, logs=logs,
+                               shm=self.shm_dir(claim_uid), driver_root=root, binary_file=binary)
+
+    def launch_pod(self, claim_uid: str, uuids: Sequence[str], limits: Sequence[str] = ()) -> None:
+        """After ``start``: the claim's daemon pod exists and answers on the pipe, and holds ``limits``.
+        Idempotent (a retried prepare finds the pod); MpsError says what is missing."""
+        assert self.pods is not None
+        if not self.root.joinpath(claim_uid).is_dir():
+            raise MpsError(f"claim {claim_uid}: no MPS directories (unprepared meanwhile?)")
+        self.pods.ensure(claim_uid, self.pod_manifest(claim_uid, uuids), lambda: self._answers(claim_uid))
+        if limits:
+            self.control(claim_uid, limits)
+
+    def delete_pods(self) -> dict[str, str]:
+        """Delete the pods of the daemons ``stop`` ended; claim UID -> error for those still there (kept for
+        the next call)."""
+        if self.pods is None:
+            return {}
+        with self._doomed_lock:
+            doomed = sorted(self._doomed)
+        errors: dict[str, str] = {}
+        for uid in doomed:
+            try:
+                self.pods.delete(uid)
+            except MpsError as e:
+                errors[uid] = str(e)
+                continue
+            with self._doomed_lock:
+                self._doomed.discard(uid)
+        return errors
 
     def _answers(self, claim_uid: str) -> bool | None:
         """``alive``, with None for no answer in time (waits keep polling through it)."""

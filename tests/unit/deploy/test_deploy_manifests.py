@@ -41,8 +41,11 @@ def test_daemonset_matches_the_plugin_code() -> None:
     assert not unknown, f"env vars the plugin does not read: {unknown}"
     # The literal settings validate with the plugin's own configuration code.
     values = {n: e["value"] for n, e in env.items() if "value" in e}
+    assert env["TOPODRA_MPS_DAEMON_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     cfg = plugin_config.from_args(argparse.Namespace(), {**values, "NODE_NAME": "gpu-node-1",
-                                                         "TOPODRA_POD_UID": str(uuid.uuid4())})
+                                                         "TOPODRA_POD_UID": str(uuid.uuid4()),
+                                                         "TOPODRA_MPS_DAEMON_NAMESPACE": NS})
+    assert cfg.mps_daemon == "pod" and cfg.mps_daemon_image == c["image"], "the daemon pods run the plugin's image"
     assert cfg.plugin_dir == Path("/var/lib/kubelet/plugins") / DRIVER
     # Host paths at the same paths as on the host (the kubelet dials the reported socket path).
     vols = {v["name"]: v for v in spec["volumes"]}
