@@ -18,8 +18,9 @@ Rows (``--rows``):
 * ``scorer``: the placement scorer's view built from the listed objects, filled to ~50% with first-fit claims
   (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes; the view's
   Python heap (``tracemalloc``).
-* ``publisher``: ``topodra simulate`` left running with the kubelet plugin's resync period (10 s) for
-  ``--publisher-window`` seconds after its first pass; apiserver requests per node per hour.
+* ``publisher``: every node's ``SlicePublisher`` (``topodra.simulate.Simulation`` in process) reconciling with
+  the kubelet plugin's resync period (10 s) for ``--publisher-window`` seconds after a first pass; its requests,
+  counted at the client, per node per hour.
 * ``scheduler``: kube-scheduler pods/s (10-90% slope) for N 1-GPU and N/8 8-GPU claims on N DGX-H100 nodes, with
   topodra's slices (``full``) and stripped slices (``stripped``: type, model, nvlinkDomain, rail only), each
   without and with the scorer.
@@ -300,56 +301,42 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
             "view_mib": view_bytes / 2**20, "shapes": st.sizes().get("shapes")}
 
 
-def run_publisher(lc: localcluster.Cluster, sub: Path, n: int, window: float) -> dict[str, Any]:
-    """Steady state: the simulated nodes' publishers keep reconciling every PLUGIN_RESYNC_S.
+class CountingKube(Kube):
+    """topodra's client, counting its requests: the publishers' own traffic, apart from the control plane's."""
 
-    The apiserver counts every client's requests (controller-manager, scheduler, leases), so the same window is
-    first measured without the publishers and subtracted."""
-    i0, it0 = request_counts(apiserver_metrics(lc)), time.monotonic()
-    time.sleep(window)  # a rate over a fixed window: nothing is asserted about its absence
-    i1, it1 = request_counts(apiserver_metrics(lc)), time.monotonic()
-    idle_per_s = (i1["requests"] - i0["requests"]) / (it1 - it0)
-    p = subprocess.Popen(topodra("simulate", str(sub), "--resync", str(PLUGIN_RESYNC_S), "--kubeconfig",
-                                 str(lc.admin_kubeconfig)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        assert p.stderr is not None
-        deadline = time.monotonic() + 1800
-        for line in p.stderr:  # the first full pass is done when it says so
-            if "published" in line and "nodes" in line:
-                break
-            if time.monotonic() > deadline:
-                raise ScaleError("simulate did not finish its first pass")
-        else:
-            raise ScaleError(f"simulate exited before publishing (rc {p.wait()})")
-        drain = _drain(p)
-        m0, t0 = request_counts(apiserver_metrics(lc)), time.monotonic()
-        time.sleep(window)  # a rate over a fixed window: nothing is asserted about its absence
-        m1, t1 = request_counts(apiserver_metrics(lc)), time.monotonic()
-        drain.set()
-    finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    per_s = (m1["requests"] - m0["requests"]) / (t1 - t0) - idle_per_s
-    return {"window_s": t1 - t0, "requests_per_s": per_s, "idle_requests_per_s": idle_per_s,
-            "requests_per_hour": per_s * 3600 / n, "resync_s": PLUGIN_RESYNC_S}
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+        self._count_lock = threading.Lock()
+
+    def request(self, *args: Any, **kwargs: Any) -> Obj:
+        with self._count_lock:
+            self.calls += 1
+        return super().request(*args, **kwargs)
 
 
-def _drain(p: subprocess.Popen[str]) -> Any:
+def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, window: float) -> dict[str, Any]:
+    """Steady state: every simulated node's SlicePublisher reconciling every PLUGIN_RESYNC_S, as each
+    kubelet plugin does, run in process so its requests are counted at the client (the apiserver's totals
+    also count the controller-manager's and scheduler's traffic, which swamps a 64-node publisher rate)."""
+    from topodra.simulate import Simulation
+
+    kube = CountingKube.from_kubeconfig(str(lc.admin_kubeconfig))
+    assert isinstance(kube, CountingKube)
+    sim = Simulation(kube, cluster)
+    sim.setup()
+    sim.reconcile_all()  # the first pass writes nothing new: simulate --once published the same pools
     stop = threading.Event()
-
-    def run() -> None:
-        assert p.stderr is not None
-        for _ in p.stderr:
-            if stop.is_set():
-                return
-
-    threading.Thread(target=run, daemon=True).start()
-    return stop
+    worker = threading.Thread(target=sim.run, args=(stop, PLUGIN_RESYNC_S), daemon=True)
+    c0, t0 = kube.calls, time.monotonic()
+    worker.start()
+    stop.wait(window)  # a rate over a fixed window: nothing is asserted about its absence
+    stop.set()
+    worker.join(timeout=120)
+    calls, elapsed = kube.calls - c0, time.monotonic() - t0
+    kube.close()
+    return {"window_s": elapsed, "requests": calls, "requests_per_s": calls / elapsed,
+            "requests_per_hour": calls / elapsed * 3600 / n, "resync_s": PLUGIN_RESYNC_S}
 
 
 def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:
@@ -405,7 +392,7 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                 if "scorer" in rows:
                     out["scorer"] = run_scorer(lc, args.scorer_calls, args.seed)
                 if "publisher" in rows:
-                    out["publisher"] = run_publisher(lc, sub, n, args.publisher_window)
+                    out["publisher"] = run_publisher(lc, sub_cluster, n, args.publisher_window)
                 log(f"{n} nodes: rows {', '.join(cluster_rows)} in {time.monotonic() - t0:.0f}s: "
                     + "; ".join(f"{r} " + ", ".join(f"{k}={v:.3g}" for k, v in out[r].items()
                                                     if isinstance(v, float)) for r in cluster_rows if r in out))

@@ -93,7 +93,10 @@ def test_mock_hardware_renders_the_plugin_without_host_hardware_mounts() -> None
     flags = {f.env for f in plugin_config.FLAGS}
     assert {n for n in env if n.startswith("TOPODRA_")} <= flags
     literal = {n: e["value"] for n, e in env.items() if "value" in e}
-    cfg = plugin_config.from_args(argparse.Namespace(), {**literal, "NODE_NAME": "n",
+    # What the kubelet fills in from the downward API (the MPS daemon pods' namespace: the plugin's own).
+    downward = {n: "topodra-system" for n, e in env.items()
+                if (e.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
+    cfg = plugin_config.from_args(argparse.Namespace(), {**literal, **downward, "NODE_NAME": "n",
                                                          "TOPODRA_POD_UID": str(uuid.uuid4())})
     assert str(cfg.registry_dir) == "/var/lib/kubelet/plugins_registry"
 
