@@ -268,12 +268,10 @@ def pod_for(job: Job, index: int, policy: str, run: str, node_selector: Mapping[
         "nodeSelector": dict(node_selector),
         "containers": [{"name": "main", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never",
                         "command": ["true"], "resources": res}]}
-    if job.gpus == 0:
-        pass  # a CPU-only task: no claim, no GPU resource
-    elif policy == "a":
+    if job.gpus > 0 and policy == "a":  # a CPU-only task (gpus == 0) gets neither GPU resource nor claim
         res["requests"][EXTENDED_RESOURCE] = str(job.per_pod)
         res["limits"] = {EXTENDED_RESOURCE: str(job.per_pod)}
-    else:
+    elif job.gpus > 0:
         spec["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimName": name}]
         res["claims"] = [{"name": CLAIM_NAME}]
     if job.pods > 1:

@@ -105,13 +105,22 @@ class _Daemon:
         _log(self.logs, "exit")
 
 
-def daemonize() -> int:
+def _claim_dirs() -> tuple[str, str] | None:
+    """The pipe and log directories, made if missing; None (and NVIDIA's message) when a daemon already serves."""
     pipe, logs = _dirs()
     for d in (pipe, logs):
         os.makedirs(d, exist_ok=True)
     if _listening(pipe):
         print("An instance of this daemon is already running", file=sys.stderr)
+        return None
+    return pipe, logs
+
+
+def daemonize() -> int:
+    dirs = _claim_dirs()
+    if dirs is None:
         return 1
+    pipe, logs = dirs
     if os.fork() > 0:
         return 0
     os.setsid()
@@ -126,13 +135,10 @@ def daemonize() -> int:
 
 def foreground() -> int:
     """``-f``: serve in this process (the daemon pod's main process, as NVIDIA's DRA driver runs it)."""
-    pipe, logs = _dirs()
-    for d in (pipe, logs):
-        os.makedirs(d, exist_ok=True)
-    if _listening(pipe):
-        print("An instance of this daemon is already running", file=sys.stderr)
+    dirs = _claim_dirs()
+    if dirs is None:
         return 1
-    _Daemon(pipe, logs).serve()
+    _Daemon(*dirs).serve()
     return 0
 
 
