@@ -154,14 +154,15 @@ class SnapshotCache:
             with self._lock:
                 return slot.value
         assert mine is not None
-        value: Any = "read failed"
         try:
             value = read()
-        finally:
             with self._lock:
-                slot.value, slot.at, slot.loading = value, self._clock(), None
+                slot.value, slot.at = value, self._clock()
+            return value
+        finally:  # an unexpected error propagates, as before, and the next caller reads again
+            with self._lock:
+                slot.loading = None
             mine.set()
-        return value
 
     def _read_base(self, kube: Kube) -> tuple[Snapshot, list[Obj]] | str:
         try:

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from test_controller_operator import CFG, PROFILES, FakeKube, add_profile, kube  # noqa: F401 - kube is a fixture
 from test_profile_host_fit import hgx, node, pod
 
@@ -109,3 +110,19 @@ def test_one_read_at_a_time_and_no_lock_held_while_listing() -> None:
     n = len(k.lists)
     assert cache.get(k, host=True) is not None  # type: ignore[arg-type]
     assert len(k.lists) == n
+
+
+class Broken(SlowKube):
+    def list(self, path: str, label_selector: str | None = None,
+             field_selector: str | None = None) -> Iterator[Obj]:
+        self.lists.append((path, field_selector))
+        raise OSError("connection reset")
+
+
+def test_an_unexpected_error_propagates_and_the_next_call_reads_again() -> None:
+    cache = SnapshotCache(ControllerConfig(snapshot_ttl_s=60))
+    k = Broken()
+    for _ in range(2):
+        with pytest.raises(OSError, match="connection reset"):
+            cache.get(k)  # type: ignore[arg-type]
+    assert [p for p, _ in k.lists] == [slices_path(), slices_path()]
