@@ -25,6 +25,7 @@ from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
 
 from topodra.apipaths import pod_path, profile_path, template_path
+from topodra.kube import KubeError
 
 pytestmark = pytest.mark.cluster
 
@@ -136,3 +137,13 @@ def test_a_node_whose_cpus_are_held_is_not_counted_until_they_are_free(
         st, alt = wait_status(s, lambda st, a: a.get("nodesShortOfCpu") == short and a.get("nodesFit") == fit,
                               "the node counts again once the CPU pod is gone")
         assert SHORT not in st["message"], st["message"]
+
+
+def test_the_crd_refuses_a_malformed_pod_request(cluster: ClusterHandle) -> None:
+    cluster.install_claimprofile_crd()
+    ns = cluster.namespace("hostfit-bad")
+    with pytest.raises(KubeError) as err:
+        cluster.kube.create(profile_path(ns), {
+            "apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile", "metadata": {"name": "bad"},
+            "spec": {"alternatives": [{"deviceClassName": "gpu-h100"}], "podRequests": {"cpu": "lots"}}})
+    assert err.value.status == 422 and "spec.podRequests.cpu" in err.value.message, err.value.message
