@@ -13,22 +13,27 @@ with ``known: false`` and no counts rather than with a guess.
   model's "unavailable" (``topodra.fleet``), the same the inventory and the scorer use.
 * ``nodesFit``: nodes where ``count`` free devices satisfy the Required
   placement (same NVLink domain / NUMA node; RailAligned: one free NIC on each
-  GPU's rail).  Preferred placement never reduces it (there is a fallback).
+  GPU's rail).  Preferred placement never reduces it (there is a fallback).  When the profile states what its
+  pods request (``podRequests``, ``alignCpus``: ``controller/hostfit.py``), only nodes whose free CPU and memory
+  (``fleet.hostres``: allocatable minus bound pods' requests, as NodeResourcesFit sees them) hold the pod count;
+  ``nodesShortOfCpu``/``nodesShortOfMemory`` count the nodes that have the devices but not the room.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from topodra import DEFAULT_DRIVER_NAME
+from topodra.controller.hostfit import PodShape, pod_shape, short_note, verdict
 from topodra.controller.profile import Alternative, ClaimProfile
 from topodra.controller.render import attribute_for
 from topodra.fleet.allocations import holders
+from topodra.fleet.hostres import HostResources
 from topodra.fleet.nodes import node_schedulable
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, device_taints, rule_taint
@@ -56,6 +61,10 @@ class AlternativeStatus:
     devices_free: int | None = None
     nodes_fit: int | None = None
     message: str = ""
+    # Set only when the pods' CPU/memory were counted: nodes with the devices but too little free CPU / memory.
+    nodes_short_cpu: int | None = None
+    nodes_short_memory: int | None = None
+    host_note: str = ""  # "N node(s) have ... but too little free CPU ..." ('' when none is short)
 
     def to_api(self) -> Obj:
         out: Obj = {"name": self.name, "deviceClassName": self.device_class_name, "count": self.count,
@@ -63,6 +72,8 @@ class AlternativeStatus:
         if self.known:
             out.update(devicesTotal=self.devices_total, devicesFree=self.devices_free,
                        nodesFit=self.nodes_fit)
+            if self.nodes_short_cpu is not None:
+                out.update(nodesShortOfCpu=self.nodes_short_cpu, nodesShortOfMemory=self.nodes_short_memory)
         return out
 
 
@@ -78,6 +89,10 @@ class Snapshot:
     unavailable_nodes: frozenset[str] = frozenset()
     # Node name -> labels: where each node sits in the fabric (multi-node profiles, controller/gang.py).
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Free CPU and memory per node (allocatable minus bound pods' requests); None: pods were not read, so
+    # nodesFit counts devices only, and ``host_error`` says why when a read was asked for and failed.
+    host: HostResources | None = field(default=None, compare=False)
+    host_error: str = ""
 
 
 def published_devices(slices: Iterable[Obj], driver: str, taint_rules: Iterable[Obj] = ()) -> list[PublishedDevice]:
@@ -104,9 +119,18 @@ def unavailable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
     return frozenset(str((n.get("metadata") or {}).get("name", "")) for n in nodes if not node_schedulable(n))
 
 
+def host_resources(nodes: Iterable[Obj], pods: Iterable[Obj]) -> HostResources:
+    """The scorer's NodeResourcesFit view (``fleet.hostres``) of these nodes and pods."""
+    host = HostResources()
+    host.replace_nodes(nodes)
+    host.replace_pods(pods)
+    return host
+
+
 def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterable[Obj],
                   driver: str = DEFAULT_DRIVER_NAME, nodes: Iterable[Obj] = (),
-                  taint_rules: Iterable[Obj] = ()) -> Snapshot:
+                  taint_rules: Iterable[Obj] = (), pods: Iterable[Obj] | None = None) -> Snapshot:
+    """``pods`` None: CPU and memory are not counted (no profile asked, or pods could not be read)."""
     nodes = list(nodes)
     return Snapshot(
         devices=tuple(published_devices(slices, driver, taint_rules)),
@@ -115,6 +139,7 @@ def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterabl
         unavailable_nodes=unavailable_nodes(nodes),
         node_labels={str((n.get("metadata") or {}).get("name", "")): dict((n.get("metadata") or {}).get("labels") or {})
                      for n in nodes},
+        host=host_resources(nodes, pods) if pods is not None else None,
     )
 
 
@@ -186,12 +211,34 @@ def alternative_status(alt: Alternative, profile: ClaimProfile, snap: Snapshot, 
         for d in snap.devices:
             if nic_match.matches(d.raw, driver) and (d.pool, d.name) not in snap.allocated and not d.blocked:
                 nics_by_node[d.node].append(d)
-    fit = sum(1 for node, gpus in free_by_node.items()
-              if node not in snap.unavailable_nodes
-              and node_fits(gpus, nics_by_node.get(node, []), alt.count, profile, driver))
-    why = "" if fit else why_not(profile, cls, count, len(chosen), len(free))
-    return AlternativeStatus(name, cls, count, known=True, devices_total=len(chosen), devices_free=len(free),
-                             nodes_fit=fit, message=why)
+    device_fit = [node for node, gpus in free_by_node.items()
+                  if node not in snap.unavailable_nodes
+                  and node_fits(gpus, nics_by_node.get(node, []), alt.count, profile, driver)]
+    shape = pod_shape(profile)
+    if shape is None or snap.host is None:
+        fit = len(device_fit)
+        why = "" if fit else why_not(profile, cls, count, len(chosen), len(free))
+        return AlternativeStatus(name, cls, count, known=True, devices_total=len(chosen), devices_free=len(free),
+                                 nodes_fit=fit, message=why)
+    return _with_host(AlternativeStatus(name, cls, count, known=True, devices_total=len(chosen),
+                                        devices_free=len(free)), profile, device_fit, snap.host, shape)
+
+
+def _with_host(base: AlternativeStatus, profile: ClaimProfile, device_fit: list[str], host: HostResources,
+               shape: PodShape) -> AlternativeStatus:
+    """``base`` with nodesFit counting only the device-fitting nodes whose free CPU and memory hold the pod."""
+    verdicts = [verdict(host, node, shape) for node in device_fit]
+    fit = sum(1 for v in verdicts if v.fits)
+    short_cpu = sum(1 for v in verdicts if v.short_cpu)
+    short_mem = sum(1 for v in verdicts if v.short_memory)
+    note = short_note(len(verdicts) - fit, short_cpu, short_mem, shape,
+                      f"the {base.count} free device(s){placement_words(profile)}")
+    why = ""
+    if not fit:
+        why = note if device_fit else why_not(profile, base.device_class_name, base.count, base.devices_total or 0,
+                                              base.devices_free or 0)
+    return replace(base, nodes_fit=fit, message=why, nodes_short_cpu=short_cpu, nodes_short_memory=short_mem,
+                   host_note=note)
 
 
 def why_not(profile: ClaimProfile, device_class: str, count: int, total: int, free: int) -> str:
@@ -200,12 +247,17 @@ def why_not(profile: ClaimProfile, device_class: str, count: int, total: int, fr
         return f"no published device matches DeviceClass {device_class}"
     if free < count:
         return f"{free} of {total} devices free, {count} needed"
+    return f"{free} of {total} devices free, but no node has {count} free{placement_words(profile)}"
+
+
+def placement_words(profile: ClaimProfile) -> str:
+    """`` in one NVLink domain, each with a free NIC on its rail``: the Required placement, for messages."""
     topo = profile.spec.topology
     where = [text for dim, text in (("nvlink", " in one NVLink domain"), ("numa", " on one NUMA node"))
              if getattr(topo, dim) == "Required"]
     if topo.nic == "RailAligned":
         where.append(" each with a free NIC on its rail")
-    return f"{free} of {total} devices free, but no node has {count} free{','.join(where)}"
+    return ",".join(where)
 
 
 def profile_availability(profile: ClaimProfile, snap: Snapshot, *, driver: str = DEFAULT_DRIVER_NAME,

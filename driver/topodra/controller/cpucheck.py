@@ -93,7 +93,8 @@ def decide(profile: ClaimProfile, settings: CpuSettings, device_class: Obj | Non
                             f"could never hold: {hint}", None, cpus, settings)
     return CpuReadiness(True, True, "Aligned",
                         f"{cpus} CPUs of {settings.device_class} per claim, matched on {attr}; pods must set "
-                        f"resources.requests.cpu: {cpus} (alternatives[].nodesFit counts GPUs and NICs, not CPUs)",
+                        f"resources.requests.cpu: {cpus} (alternatives[].nodesFit counts only nodes with that much "
+                        "CPU free)",
                         CpuOptions(device_class=settings.device_class, numa_attribute=attr), cpus, settings)
 
 

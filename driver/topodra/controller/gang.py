@@ -24,6 +24,7 @@ from typing import Any
 from topodra.apipaths import pod_path
 from topodra.controller.availability import PublishedDevice, Snapshot, class_match, placement_groups
 from topodra.controller.gangspec import level_key
+from topodra.controller.hostfit import fewer_note, pod_shape, verdict
 from topodra.controller.profile import API_VERSION, KIND, Alternative, ClaimProfile
 from topodra.controller.render import MANAGED_BY, PROFILE_LABEL
 from topodra.kube import Kube, KubeError
@@ -90,9 +91,29 @@ def pods_on_node(gpus: list[PublishedDevice], nics: list[PublishedDevice], count
     return total
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """Node -> pods of one alternative it takes now, and how many nodes the free CPU/memory cut down."""
+
+    per_node: dict[str, int]
+    short_cpu: int = 0  # nodes whose free devices hold a pod but whose free CPU holds fewer (or none)
+    short_memory: int = 0
+    short: int = 0  # nodes short of either
+
+
 def free_capacity(alt: Alternative, profile: ClaimProfile, snap: Snapshot, driver: str,
                   nic_match: DeviceMatch | None) -> dict[str, int] | None:
     """Node -> how many pods of this alternative it can take now; None when the class cannot be evaluated."""
+    cap = capacity(alt, profile, snap, driver, nic_match)
+    return None if cap is None else cap.per_node
+
+
+def capacity(alt: Alternative, profile: ClaimProfile, snap: Snapshot, driver: str,
+             nic_match: DeviceMatch | None) -> Capacity | None:
+    """``free_capacity`` with the count of nodes whose free CPU or memory holds fewer pods than their devices.
+
+    With a stated pod shape (``controller/hostfit.py``) and a host view in the snapshot, a node takes at most
+    as many pods as its free CPU and memory hold (``fleet.hostres``, the scorer's NodeResourcesFit view)."""
     match, _why = class_match(snap.classes.get(alt.device_class_name))
     if match is None or (profile.spec.topology.nic == "RailAligned" and nic_match is None):
         return None
@@ -105,8 +126,23 @@ def free_capacity(alt: Alternative, profile: ClaimProfile, snap: Snapshot, drive
             free[d.node].append(d)
         elif nic_match is not None and nic_match.matches(d.raw, driver):
             nics[d.node].append(d)
-    return {node: n for node, gpus in free.items()
-            if (n := pods_on_node(gpus, nics.get(node, []), alt.count, profile, driver)) > 0}
+    by_devices = {node: n for node, gpus in free.items()
+                  if (n := pods_on_node(gpus, nics.get(node, []), alt.count, profile, driver)) > 0}
+    shape = pod_shape(profile)
+    if shape is None or snap.host is None:
+        return Capacity(by_devices)
+    per_node: dict[str, int] = {}
+    short_cpu = short_mem = short = 0
+    for node, n in by_devices.items():
+        v = verdict(snap.host, node, shape)
+        room = n if v.pods is None else min(n, v.pods)
+        if room < n:  # the free CPU or memory, not the devices, limits this node
+            short += 1
+            short_cpu += int(v.pods_by_cpu is not None and v.pods_by_cpu < n)
+            short_mem += int(v.pods_by_memory is not None and v.pods_by_memory < n)
+        if room > 0:
+            per_node[node] = room
+    return Capacity(per_node, short_cpu, short_mem, short)
 
 
 def domain_capacity(capacity: dict[str, int], node_labels: dict[str, dict[str, str]],
@@ -128,7 +164,9 @@ def choose(profile: ClaimProfile, snap: Snapshot, *, driver: str, nic_class: str
     pods = spec.pods or 1
     levels: list[str | None] = list(spec.across_nodes.same_domain) if spec.across_nodes else [None]
     nic_match = class_match(snap.classes.get(nic_class))[0] if spec.topology.nic == "RailAligned" else None
-    caps = {a.effective_name: free_capacity(a, profile, snap, driver, nic_match) for a in spec.alternatives}
+    full = {a.effective_name: capacity(a, profile, snap, driver, nic_match) for a in spec.alternatives}
+    caps = {name: (c.per_node if c is not None else None) for name, c in full.items()}
+    shape = pod_shape(profile)
     if spec.topology.order == "TopologyFirst":
         pairs = [(a, lv) for lv in levels for a in spec.alternatives]
     else:
@@ -146,7 +184,11 @@ def choose(profile: ClaimProfile, snap: Snapshot, *, driver: str, nic_class: str
                           message=f"{alt.effective_name} in {where}: {len(holding)} domain(s) hold all {pods} pods "
                                   f"now ({', '.join(holding[:5])}{', ...' if len(holding) > 5 else ''})"
                                   + (f"; preferred but too small now: {'; '.join(tried)}" if tried else ""))
-        tried.append(f"{alt.effective_name} in {where}: at most {max(per_domain.values(), default=0)} of {pods}")
+        c = full[alt.effective_name]
+        host = (f" ({fewer_note(c.short, c.short_cpu, c.short_memory, shape)})"
+                if c is not None and c.short and shape is not None else "")
+        tried.append(f"{alt.effective_name} in {where}: at most {max(per_domain.values(), default=0)} of {pods}"
+                     + host)
     known = [a for a in spec.alternatives if caps[a.effective_name] is not None]
     first = (known or list(spec.alternatives))[0]
     if not known:

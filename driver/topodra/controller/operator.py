@@ -35,13 +35,21 @@ from topodra.apipaths import (
     device_taint_rule_path,
     event_path,
     node_path,
+    pod_path,
     profile_path,
     slices_path,
     template_path,
 )
 from topodra.controller import gang
-from topodra.controller.availability import AlternativeStatus, Snapshot, make_snapshot, profile_availability
+from topodra.controller.availability import (
+    AlternativeStatus,
+    Snapshot,
+    host_resources,
+    make_snapshot,
+    profile_availability,
+)
 from topodra.controller.cpucheck import CpuReadiness, CpuSettings, readiness
+from topodra.controller.hostfit import pod_shape
 from topodra.controller.kueue import class_models_from, queueing_status
 from topodra.controller.profile import API_VERSION, KIND, ClaimProfile, ProfileError
 from topodra.controller.render import (
@@ -52,6 +60,7 @@ from topodra.controller.render import (
     device_class_names,
     render_template,
 )
+from topodra.fleet.hostres import HostResources
 from topodra.kube import Kube, KubeError, load_configuration
 
 log = logging.getLogger(__name__)
@@ -86,41 +95,104 @@ class Outcome:
     cpu: CpuReadiness | None = None  # profiles with alignCpus
 
 
+# Pods that hold node CPU and memory: bound and not finished (the scheduler's cache holds the same; the
+# selector only trims the list, ``fleet.hostres`` drops terminal and unbound pods itself).
+HOLDING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass
+class _Slot:
+    """One cached read: its value (or why it failed), when it was read, and the read in flight."""
+
+    value: Any = "not read yet"
+    at: float = -1e18
+    loading: threading.Event | None = None
+
+
 class SnapshotCache:
-    """Cluster facts for availability, re-read at most once per ``ttl`` (rate limit)."""
+    """Cluster facts for availability, re-read at most once per ``ttl`` (rate limit).
+
+    Two reads: the base (slices, claims, classes, nodes, DeviceTaintRules) for every profile, and the bound
+    pods, only when a profile states its pods' CPU/memory (``controller/hostfit.py``): the pod list is the
+    biggest one, so clusters without such profiles never pay for it.  The lock guards only the slots; the
+    lists run outside it, one caller reads while the others wait on its Event (a read is never doubled).
+    """
 
     def __init__(self, cfg: ControllerConfig, clock: Any = time.monotonic) -> None:
         self._cfg = cfg
         self._clock = clock
         self._lock = threading.Lock()
-        self._at = -1e18
-        self._value: Snapshot | str = "not read yet"
+        self._base = _Slot()
+        self._pods = _Slot()
 
-    def get(self, kube: Kube) -> Snapshot | str:
-        """A snapshot, or why it could not be read (e.g. RBAC forbids listing claims)."""
+    def get(self, kube: Kube, host: bool = False) -> Snapshot | str:
+        """A snapshot, or why it could not be read (e.g. RBAC forbids listing claims).
+
+        ``host``: with the free CPU and memory of each node (``Snapshot.host``); when the pods cannot be read
+        the snapshot has no host view and ``host_error`` says why."""
+        base = self._fresh(self._base, lambda: self._read_base(kube))
+        if isinstance(base, str):
+            return base
+        snap: Snapshot = base[0]
+        nodes: list[Obj] = base[1]
+        if not host:
+            return snap
+        pods = self._fresh(self._pods, lambda: self._read_pods(kube, nodes))
+        if isinstance(pods, str):
+            return replace(snap, host_error=pods)
+        return replace(snap, host=pods)
+
+    def _fresh(self, slot: _Slot, read: Any) -> Any:
         with self._lock:
-            if self._clock() - self._at < self._cfg.snapshot_ttl_s:
-                return self._value
+            if self._clock() - slot.at < self._cfg.snapshot_ttl_s:
+                return slot.value
+            wait, mine = slot.loading, None
+            if wait is None:
+                slot.loading = mine = threading.Event()
+        if wait is not None:  # another thread is reading: wait for it, holding no lock
+            wait.wait(60)
+            with self._lock:
+                return slot.value
+        assert mine is not None
+        try:
+            value = read()
+            with self._lock:
+                slot.value, slot.at = value, self._clock()
+            return value
+        finally:  # an unexpected error propagates, as before, and the next caller reads again
+            with self._lock:
+                slot.loading = None
+            mine.set()
+
+    def _read_base(self, kube: Kube) -> tuple[Snapshot, list[Obj]] | str:
+        try:
+            slices = list(kube.list(slices_path(), field_selector=f"spec.driver={self._cfg.driver}"))
+            claims = list(kube.list(claim_path()))
+            classes = list(kube.list(device_class_path()))
             try:
-                slices = list(kube.list(slices_path(), field_selector=f"spec.driver={self._cfg.driver}"))
-                claims = list(kube.list(claim_path()))
-                classes = list(kube.list(device_class_path()))
-                try:
-                    nodes = list(kube.list(node_path()))
-                except KubeError as e:  # without node access, every node counts as schedulable
-                    log.warning("availability: cannot list nodes (%s); taints and cordons are ignored", e)
-                    nodes = []
-                try:
-                    rules = list(kube.list(device_taint_rule_path()))
-                except KubeError as e:  # no DeviceTaintRule API or no grant: slice taints still count
-                    log.warning("availability: cannot list DeviceTaintRules (%s); only slice taints count", e)
-                    rules = []
-                self._value = make_snapshot(slices, claims, classes, self._cfg.driver, nodes, rules)
-            except KubeError as e:
-                self._value = f"cannot read cluster state: {e}"
-                log.warning("availability: %s", self._value)
-            self._at = self._clock()
-            return self._value
+                nodes = list(kube.list(node_path()))
+            except KubeError as e:  # without node access, every node counts as schedulable
+                log.warning("availability: cannot list nodes (%s); taints and cordons are ignored", e)
+                nodes = []
+            try:
+                rules = list(kube.list(device_taint_rule_path()))
+            except KubeError as e:  # no DeviceTaintRule API or no grant: slice taints still count
+                log.warning("availability: cannot list DeviceTaintRules (%s); only slice taints count", e)
+                rules = []
+            return make_snapshot(slices, claims, classes, self._cfg.driver, nodes, rules), nodes
+        except KubeError as e:
+            why = f"cannot read cluster state: {e}"
+            log.warning("availability: %s", why)
+            return why
+
+    def _read_pods(self, kube: Kube, nodes: list[Obj]) -> HostResources | str:
+        try:
+            pods = list(kube.list(pod_path(), field_selector=HOLDING_PODS))
+        except KubeError as e:  # no grant to list pods: fit counts devices only, and the status says so
+            why = f"cannot list pods ({e}); free CPU and memory are not counted"
+            log.warning("availability: %s", why)
+            return why
+        return host_resources(nodes, pods)
 
 
 def _owned_by_profile(tmpl: Obj, profile: ClaimProfile) -> bool:
@@ -220,7 +292,8 @@ def build_status(existing: Obj | None, outcome: Outcome, generation: int,
     return status
 
 
-def availability_note(alternatives: list[AlternativeStatus] | None, snapshot_error: str) -> str:
+def availability_note(alternatives: list[AlternativeStatus] | None, snapshot_error: str,
+                      host_error: str = "") -> str:
     if alternatives is None:
         return snapshot_error
     unknown = [f"{a.name}: {a.message}" for a in alternatives if not a.known]
@@ -236,6 +309,13 @@ def availability_note(alternatives: list[AlternativeStatus] | None, snapshot_err
             skipped.append(f"{a.name}: {a.message}")
     if skipped:
         note += f" ({'; '.join(skipped)})"
+    # Nodes the GPUs alone would count but the pods' CPU/memory rule out, for alternatives that do fit
+    # somewhere (for the others the reason above already says it).
+    short = [f"{a.name}: {a.host_note}" for a in alternatives if a.host_note and (a.nodes_fit or 0) > 0]
+    if short:
+        note += f"; {'; '.join(short)}"
+    if host_error:
+        note += f"; {host_error}"
     return note + (f"; unknown: {'; '.join(unknown)}" if unknown else "")
 
 
@@ -260,15 +340,25 @@ def post_event(kube: Kube, body: Obj, etype: str, reason: str, message: str) -> 
 
 
 def process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) -> Outcome:
-    """Reconcile one profile, compute availability, write status, post an Event on a change."""
+    """Reconcile one profile, compute availability, write status, post an Event on a change.
+
+    The snapshot is read before the pass lock is taken: its lists are the pass's biggest reads."""
+    snap = cache.get(kube, host=wants_host(body))
     with _PROCESS_LOCK:
-        return _process(kube, body, cfg, cache)
+        return _process(kube, body, cfg, snap)
 
 
-def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) -> Outcome:
+def wants_host(body: Obj) -> bool:
+    """Whether the profile states its pods' CPU/memory, so availability needs the nodes' free CPU/memory."""
+    try:
+        return pod_shape(ClaimProfile.from_api(body)) is not None
+    except ProfileError:
+        return False
+
+
+def _process(kube: Kube, body: Obj, cfg: ControllerConfig, snap: Snapshot | str) -> Outcome:
     meta = body.get("metadata") or {}
     ns, name = meta.get("namespace", ""), meta.get("name", "")
-    snap = cache.get(kube)
     gang_plan = _gang_plan(kube, body, cfg, snap)
     outcome = reconcile(kube, body, cfg, gang_plan.choice.alternative if gang_plan else None)
     alternatives: list[AlternativeStatus] | None = None
@@ -278,7 +368,7 @@ def _process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache)
     elif outcome.reason != "InvalidSpec":
         alternatives = profile_availability(ClaimProfile.from_api(body), snap, driver=cfg.driver,
                                             nic_class=cfg.nic_class)
-    note = availability_note(alternatives, note)
+    note = availability_note(alternatives, note, snap.host_error if isinstance(snap, Snapshot) else "")
     old_status = body.get("status") or {}
     status = build_status(old_status, outcome, int(meta.get("generation") or 0), alternatives, note,
                           datetime.now(UTC))

@@ -100,6 +100,30 @@ class AlignCpus(BaseModel):
     gpus_per_numa_node: int | None = Field(default=None, alias="gpusPerNumaNode", ge=1, le=MAX_COUNT)
 
 
+class PodRequests(BaseModel):
+    """What each pod of the profile asks of its node besides the claim: its ``resources.requests`` as the
+    scheduler sums them (containers, init containers, overhead). The controller renders no pods, so this is
+    only what it counts in ``nodesFit``: a node whose free CPU or memory cannot hold the pod does not fit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu: str | None = None
+    memory: str | None = None
+
+    @model_validator(mode="after")
+    def _quantities(self) -> PodRequests:
+        for key, value in (("cpu", self.cpu), ("memory", self.memory)):
+            if value is None:
+                continue
+            try:
+                amount = parse_quantity(value)
+            except ValueError as e:
+                raise ValueError(f"podRequests.{key}: {e}") from None
+            if amount <= 0:
+                raise ValueError(f"podRequests.{key}: {value!r} must be positive")
+        return self
+
+
 class ClaimProfileSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -109,6 +133,7 @@ class ClaimProfileSpec(BaseModel):
     queueing: Literal["None", "Kueue"] = "None"
     local_queue: str | None = Field(default=None, alias="localQueue", max_length=63)
     align_cpus: AlignCpus | None = Field(default=None, alias="alignCpus")
+    pod_requests: PodRequests | None = Field(default=None, alias="podRequests")
     # A multi-node job: ``pods`` pods, all or nothing (a PodGroup, controller/gang.py), placed per acrossNodes.
     pods: int | None = Field(default=None, ge=2, le=MAX_PODS)
     across_nodes: AcrossNodes | None = Field(default=None, alias="acrossNodes")
@@ -168,6 +193,10 @@ def align_cpus_checks(spec: ClaimProfileSpec) -> None:
     if spec.queueing == "Kueue":
         raise ValueError("alignCpus cannot be combined with queueing Kueue: Kueue's quota does not count "
                          "dra.cpu capacity")
+    cpu = spec.pod_requests.cpu if spec.pod_requests is not None else None
+    if cpu is not None and parse_quantity(cpu) != align.cpus_per_gpu * count:
+        raise ValueError(f"podRequests.cpu {cpu} differs from the {align.cpus_per_gpu * count} CPUs alignCpus puts "
+                         "in each claim (cpusPerGpu x count), which the pod must request: drop podRequests.cpu")
     if topo.nic == "RailAligned" and 2 * count + groups > MAX_REQUESTS:
         raise ValueError(f"alignCpus with topology.nic RailAligned needs {2 * count + groups} requests "
                          f"(a GPU and a NIC request per GPU, a CPU request per NUMA node); a claim allows "
