@@ -120,12 +120,18 @@ class DeviceState:
             for uid, err in effect.after_unprepare().items():
                 if results.get(uid) == "":  # another call's leftover is reported by that call's retry
                     results[uid] = err
+        for effect in self._outside_lock():  # what a failure left behind and no process will remove
+            effect.sweep(self._recorded_uids, force=any(results.values()))
         return results
 
     # ---- the effects' halves that talk to the API server: after the node lock ----
 
     def _outside_lock(self) -> list[OutsideLock]:
         return [e for e in self.effects if isinstance(e, OutsideLock) and e.outside_lock]
+
+    def _recorded_uids(self) -> set[str]:
+        """The claims the checkpoint records now (read without the lock: it is replaced atomically)."""
+        return set(self._load().claims)
 
     def _after_prepare(self, uids: Sequence[str]) -> dict[str, str]:
         """Let effects finish the prepared claims ``uids`` outside the lock (the checkpoint is read without it:
@@ -163,6 +169,7 @@ class DeviceState:
         for effect in self._outside_lock():  # stopped strays' leftovers; recorded claims' daemons made again
             for uid, err in effect.after_unprepare().items():
                 log.error("node %s: claim %s: %s", self.node_name, uid, err)
+            effect.sweep(self._recorded_uids, force=True)  # what an earlier process left (stray daemon pods)
         for uid, err in self._after_prepare(list(self._load().claims)).items():
             log.error("node %s: recovery: %s (claim %s)", self.node_name, err, uid)
         return report

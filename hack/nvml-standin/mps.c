@@ -1,11 +1,15 @@
 /* Stand-ins for nvidia-cuda-mps-control and nvidia-cuda-mps-server (one program; argv[0] picks the role).
  *
  * What topodra and NVIDIA's drivers rely on, per the MPS guide: "-d" starts a daemon that detaches, closes
- * the stdio it inherited and writes nvidia-cuda-mps-control.pid into CUDA_MPS_PIPE_DIRECTORY; without "-d"
- * the program is a client that sends each stdin line (get_server_list, start_server -uid N,
- * set_default_active_thread_percentage N, set_default_device_pinned_mem_limit DEV VALUE, their get_ forms,
- * quit) to the daemon through the pipe directory and prints the answers.  The daemon and each server keep a
- * file in /dev/shm, which is how tests see that clients and daemon share one /dev/shm.
+ * the stdio it inherited and writes nvidia-cuda-mps-control.pid into CUDA_MPS_PIPE_DIRECTORY; "-f" is the same
+ * daemon in the foreground (no fork, stdio kept, log lines on stderr too), as NVIDIA's DRA driver runs it as a
+ * pod's main process; both refuse a pipe directory whose daemon still listens ("An instance of this daemon is
+ * already running").  Without an option the program is a client that sends each stdin line (get_server_list,
+ * start_server -uid N, set_default_active_thread_percentage N, set_default_device_pinned_mem_limit DEV VALUE,
+ * their get_ forms, quit) to the daemon through the pipe directory and prints the answers.  The reply FIFO is
+ * named relative to the pipe directory, since a daemon in a pod sees that directory under another path.  The
+ * daemon and each server keep a file in /dev/shm, which is how tests see that clients and daemon share one
+ * /dev/shm.  SIGTERM ends the daemon as "quit" does (a deleted daemon pod).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,7 +28,7 @@
 #include <unistd.h>
 
 static char pipe_dir[PATH_MAX], log_dir[PATH_MAX], pid_file[PATH_MAX], control[PATH_MAX], shm_file[PATH_MAX];
-static FILE *logf_;
+static FILE *logf_, *echo_; /* control.log; stderr too in the foreground */
 
 static const char *env_or(const char *name, const char *dflt) {
     const char *v = getenv(name);
@@ -43,6 +47,14 @@ static void logline(const char *fmt, ...) {
     va_end(ap);
     fputc('\n', logf_);
     fflush(logf_);
+    if (echo_) {
+        fprintf(echo_, "[%s.000 Control %d] ", ts, (int)getpid());
+        va_start(ap, fmt);
+        vfprintf(echo_, fmt, ap);
+        va_end(ap);
+        fputc('\n', echo_);
+        fflush(echo_);
+    }
 }
 
 /* ---- server */
@@ -152,19 +164,74 @@ static int handle(char *cmd, FILE *out, const char *self_dir) {
     return 0;
 }
 
-static int daemon_main(const char *self_dir) {
-    FILE *pf = fopen(pid_file, "r");
-    if (pf) {
-        int old = 0;
-        if (fscanf(pf, "%d", &old) == 1 && old > 0 && kill(old, 0) == 0) {
-            fclose(pf);
-            fprintf(stderr, "An instance of this daemon is already running\n");
-            return 1;
-        }
-        fclose(pf);
-    }
+/* Whether a daemon reads the control FIFO of this pipe directory (its own pid file may name a pid of another
+ * PID namespace, or a reused one, so it proves nothing). */
+static int listening(void) {
+    int fd = open(control, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return 0; /* ENXIO: no reader; ENOENT: no FIFO */
+    close(fd);
+    return 1;
+}
+
+/* The checks of -d and -f: the directories exist, and no daemon serves this pipe directory yet. */
+static int claim_dirs(void) {
     if (mkdir(pipe_dir, 0755) != 0 && errno != EEXIST) { perror(pipe_dir); return 1; }
     if (mkdir(log_dir, 0755) != 0 && errno != EEXIST) { perror(log_dir); return 1; }
+    if (listening()) { fprintf(stderr, "An instance of this daemon is already running\n"); return 1; }
+    return 0;
+}
+
+/* Make the FIFO, shm file and pid file, say so on ready_fd (-1: nobody waits), then serve until quit or SIGTERM. */
+static int serve(const char *self_dir, int ready_fd) {
+    char logpath[PATH_MAX + 16];
+    snprintf(logpath, sizeof logpath, "%s/control.log", log_dir);
+    logf_ = fopen(logpath, "ae");
+    unlink(control);
+    if (mkfifo(control, 0600) != 0) { logline("cannot create %s: %s", control, strerror(errno)); return 1; }
+    int fd = open(control, O_RDWR | O_CLOEXEC); /* a reader always, and never EOF */
+    snprintf(shm_file, sizeof shm_file, "/dev/shm/cuda.shm.standin.control.%d", (int)getpid());
+    int shm = open(shm_file, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    FILE *pidf = fopen(pid_file, "w");
+    if (fd < 0 || shm < 0 || !pidf) { logline("startup failed: %s", strerror(errno)); return 1; }
+    close(shm);
+    fprintf(pidf, "%d\n", (int)getpid());
+    fclose(pidf);
+    logline("Starting control daemon, pipe directory %s", pipe_dir);
+    if (ready_fd >= 0) {
+        ssize_t w = write(ready_fd, "y", 1);
+        (void)w;
+        close(ready_fd);
+    }
+    /* No SA_RESTART: SIGTERM interrupts the blocking read, so the loop ends and cleans up. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    FILE *in = fdopen(fd, "r");
+    char line[512];
+    while (!stop && fgets(line, sizeof line, in)) {
+        char *space = strchr(line, ' ');
+        if (!space) continue;
+        *space = 0;
+        char reply[PATH_MAX * 2];
+        if (strchr(line, '/')) snprintf(reply, sizeof reply, "%s", line);
+        else snprintf(reply, sizeof reply, "%s/%s", pipe_dir, line);
+        FILE *out = fopen(reply, "we"); /* not inherited by a server we start */
+        if (!out) continue;
+        logline("CMD: %s", space + 1);
+        int quit = handle(space + 1, out, self_dir);
+        fclose(out);
+        if (quit) break;
+    }
+    if (stop) logline("Terminated by signal");
+    cleanup();
+    logline("Exit");
+    return 0;
+}
+
+static int daemon_main(const char *self_dir) {
+    if (claim_dirs()) return 1;
     int ready[2];
     if (pipe(ready) != 0) { perror("pipe"); return 1; }
     pid_t child = fork();
@@ -182,40 +249,13 @@ static int daemon_main(const char *self_dir) {
     int nul = open("/dev/null", O_RDWR);
     dup2(nul, 0); dup2(nul, 1); dup2(nul, 2);
     if (nul > 2) close(nul);
-    char logpath[PATH_MAX + 16];
-    snprintf(logpath, sizeof logpath, "%s/control.log", log_dir);
-    logf_ = fopen(logpath, "ae");
-    unlink(control);
-    if (mkfifo(control, 0600) != 0) { logline("cannot create %s: %s", control, strerror(errno)); return 1; }
-    int fd = open(control, O_RDWR | O_CLOEXEC); /* a reader always, and never EOF */
-    snprintf(shm_file, sizeof shm_file, "/dev/shm/cuda.shm.standin.control.%d", (int)getpid());
-    int shm = open(shm_file, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-    FILE *pidf = fopen(pid_file, "w");
-    if (fd < 0 || shm < 0 || !pidf) { logline("startup failed: %s", strerror(errno)); return 1; }
-    close(shm);
-    fprintf(pidf, "%d\n", (int)getpid());
-    fclose(pidf);
-    logline("Starting control daemon, pipe directory %s", pipe_dir);
-    ssize_t w = write(ready[1], "y", 1);
-    (void)w;
-    close(ready[1]);
-    signal(SIGTERM, on_term);
-    FILE *in = fdopen(fd, "r");
-    char line[512];
-    while (!stop && fgets(line, sizeof line, in)) {
-        char *space = strchr(line, ' ');
-        if (!space) continue;
-        *space = 0;
-        FILE *out = fopen(line, "we"); /* not inherited by a server we start */
-        if (!out) continue;
-        logline("CMD: %s", space + 1);
-        int quit = handle(space + 1, out, self_dir);
-        fclose(out);
-        if (quit) break;
-    }
-    cleanup();
-    logline("Exit");
-    return 0;
+    return serve(self_dir, ready[1]);
+}
+
+static int foreground_main(const char *self_dir) {
+    if (claim_dirs()) return 1;
+    echo_ = stderr;
+    return serve(self_dir, -1);
 }
 
 /* ---- client */
@@ -228,11 +268,13 @@ static int client(void) {
         int fd = open(control, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) { fprintf(stderr, "Cannot find MPS control daemon process\n"); return 1; }
         char reply[PATH_MAX];
-        snprintf(reply, sizeof reply, "%s/reply.%d.%d", pipe_dir, (int)getpid(), n++);
+        char name[64];
+        snprintf(name, sizeof name, "reply.%d.%d", (int)getpid(), n++);
+        snprintf(reply, sizeof reply, "%s/%s", pipe_dir, name);
         unlink(reply);
         if (mkfifo(reply, 0600) != 0) { perror(reply); close(fd); return 1; }
         char msg[PATH_MAX + 400];
-        int len = snprintf(msg, sizeof msg, "%s %s%s", reply, line, strchr(line, '\n') ? "" : "\n");
+        int len = snprintf(msg, sizeof msg, "%s %s%s", name, line, strchr(line, '\n') ? "" : "\n");
         if (write(fd, msg, (size_t)len) != len) { perror("write"); rc = 1; }
         close(fd);
         FILE *in = fopen(reply, "r");
@@ -258,7 +300,9 @@ int main(int argc, char **argv) {
     snprintf(pid_file, sizeof pid_file, "%s/nvidia-cuda-mps-control.pid", pipe_dir);
     snprintf(control, sizeof control, "%s/control", pipe_dir);
     if (argc == 2 && !strcmp(argv[1], "-d")) return daemon_main(self_dir);
+    if (argc == 2 && !strcmp(argv[1], "-f")) return foreground_main(self_dir);
     if (argc == 1) return client();
-    fprintf(stderr, "nvidia-cuda-mps-control (topodra stand-in): unsupported arguments; use -d or commands on stdin\n");
+    fprintf(stderr, "nvidia-cuda-mps-control (topodra stand-in): unsupported arguments; use -d, -f or commands "
+            "on stdin\n");
     return 2;
 }

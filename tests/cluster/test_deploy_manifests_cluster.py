@@ -132,7 +132,7 @@ def test_rbac_grants_what_the_code_uses_and_nothing_obvious_more(installed: Clus
             wrong.append(f"controller cannot {verb} leases in {NS}")
     if can_i(nc, CONTROLLER_SA, "update", "leases.coordination.k8s.io", "default"):
         wrong.append("controller can update leases outside its namespace")
-    for verb in ("get", "create", "delete"):  # the MPS daemon pods (plugin.mpsDaemon=pod), its namespace only
+    for verb in ("get", "list", "create", "delete"):  # the MPS daemon pods (plugin.mpsDaemon=pod), its namespace only
         if not can_i(nc, PLUGIN_SA, verb, "pods", NS):
             wrong.append(f"plugin cannot {verb} pods in {NS}")
         if can_i(nc, PLUGIN_SA, verb, "pods", "default"):

@@ -10,7 +10,7 @@ leaves beyond it (state no entry records) is what ``recover`` removes at the nex
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -93,3 +93,9 @@ class OutsideLock(Protocol):
 
     def after_unprepare(self) -> dict[str, str]:
         """Remove what the undone claims left to it; claim UID -> error for what is still there."""
+
+    def sweep(self, recorded: Callable[[], Collection[str]], force: bool) -> list[str]:
+        """Remove what the effect made for claims ``recorded()`` (the checkpoint's UIDs, read after the effect's
+        own listing) no longer has, which no ``after_unprepare`` will remove (this process never knew of it, or
+        a stop failed).  ``force``: sweep now (plugin start, a failed unprepare); else only if the effect itself
+        saw a failure.  The claim UIDs whose leftovers went; errors are logged and the next call tries again."""

@@ -9,13 +9,13 @@ are set on the daemon, and the GPUs the claim holds whole run EXCLUSIVE_PROCESS.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimError, ClaimRef
 from topodra.devices import Device
 from topodra.effects.base import Devices, Mount, Recovered, sharing_of
-from topodra.sharing import mps, mpscontrol
+from topodra.sharing import mps, mpscontrol, mpssweep
 from topodra.sharing.config import Mps, Sharing
 from topodra.sharing.mps import MpsDaemons, MpsError
 
@@ -28,6 +28,7 @@ class MpsEffect:
 
     def __init__(self, daemons: MpsDaemons) -> None:
         self.daemons = daemons
+        self._sweep_due = False  # a stop or a sweep failed: the next unprepare sweeps stray daemon pods
 
     def check(self, ref: ClaimRef, dev: Device, sharing: Sharing | None, working: CheckpointData,
               devices: Devices, node: str) -> None:
@@ -87,6 +88,7 @@ class MpsEffect:
                     self.daemons.stop(e.uid)
                 except MpsError as err:  # no entry records it any more: recovery's reconcile stops it
                     log.error("%s", err)
+                    self._sweep_due = True  # its pod is not doomed: only a sweep deletes it
 
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         return None
@@ -117,6 +119,21 @@ class MpsEffect:
     def after_unprepare(self) -> dict[str, str]:
         """The pods of the daemons unprepare stopped, deleted and gone; uid -> error (tried again next time)."""
         return self.daemons.delete_pods()
+
+    def sweep(self, recorded: Callable[[], Collection[str]], force: bool) -> list[str]:
+        """Delete this node's daemon pods whose claim ``recorded()`` (the checkpoint's UIDs) lacks
+        (``mpssweep``): always when ``force`` (plugin start, an unprepare that failed), else only after a stop
+        or an earlier sweep failed.  The claim UIDs whose pod was deleted."""
+        pods = self.daemons.pods
+        if pods is None or not (force or self._sweep_due):
+            return []
+        self._sweep_due = False
+        deleted, errors = mpssweep.sweep(pods.api, pods.namespace, pods.node, recorded)
+        for uid, err in errors.items():
+            log.error("%s%s", f"claim {uid}: " if uid else "", err)
+        if errors:
+            self._sweep_due = True
+        return deleted
 
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         """Stop daemons no prepared claim records; start recorded ones that are not running (after a reboot)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +41,8 @@ class PodApi(Protocol):
     def get(self, path: str) -> Obj | None: ...
     def create(self, path: str, obj: Obj) -> Obj: ...
     def delete(self, path: str, missing_ok: bool = True) -> None: ...
+    def list(self, path: str, label_selector: str | None = None,
+             field_selector: str | None = None) -> Iterator[Obj]: ...  # the stray sweep (mpssweep)
 
 
 def pod_name(claim_uid: str) -> str:

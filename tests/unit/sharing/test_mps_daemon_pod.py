@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,10 @@ class _NoApi:
 
     def delete(self, path: str, missing_ok: bool = True) -> None:
         raise AssertionError(f"DELETE {path}")
+
+    def list(self, path: str, label_selector: str | None = None,
+             field_selector: str | None = None) -> Iterator[dict[str, Any]]:
+        raise AssertionError(f"LIST {path}")
 
 
 def pods() -> MpsPods:
