@@ -314,11 +314,17 @@ class CountingKube(Kube):
             self.calls += 1
         return super().request(*args, **kwargs)
 
+    def watch(self, *args: Any, **kwargs: Any) -> Iterator[Obj]:
+        with self._count_lock:
+            self.calls += 1  # a watch request is a request too
+        return super().watch(*args, **kwargs)
+
 
 def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, window: float) -> dict[str, Any]:
     """Steady state: every simulated node's SlicePublisher reconciling every PLUGIN_RESYNC_S, as each
     kubelet plugin does, run in process so its requests are counted at the client (the apiserver's totals
-    also count the controller-manager's and scheduler's traffic, which swamps a 64-node publisher rate)."""
+    also count the controller-manager's and scheduler's traffic, which swamps a 64-node publisher rate).
+    ``passes``: pool comparisons in the window (each a list per pool before the publisher watched)."""
     from topodra.simulate import Simulation
 
     kube = CountingKube.from_kubeconfig(str(lc.admin_kubeconfig))
@@ -328,15 +334,18 @@ def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, w
     sim.reconcile_all()  # the first pass writes nothing new: simulate --once published the same pools
     stop = threading.Event()
     worker = threading.Thread(target=sim.run, args=(stop, PLUGIN_RESYNC_S), daemon=True)
-    c0, t0 = kube.calls, time.monotonic()
+    pubs = [*sim.publishers.values(), *sim.cpu_publishers.values()]
+    c0, p0, t0 = kube.calls, sum(p.passes for p in pubs), time.monotonic()
     worker.start()
     stop.wait(window)  # a rate over a fixed window: nothing is asserted about its absence
+    threads = threading.active_count()  # the process's, while every publisher runs
     stop.set()
     worker.join(timeout=120)
     calls, elapsed = kube.calls - c0, time.monotonic() - t0
     kube.close()
     return {"window_s": elapsed, "requests": calls, "requests_per_s": calls / elapsed,
-            "requests_per_hour": calls / elapsed * 3600 / n, "resync_s": PLUGIN_RESYNC_S}
+            "requests_per_hour": calls / elapsed * 3600 / n, "resync_s": PLUGIN_RESYNC_S,
+            "passes": sum(p.passes for p in pubs) - p0, "threads": threads}
 
 
 def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:

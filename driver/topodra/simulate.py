@@ -7,6 +7,11 @@ hardware profile, and keeps its ResourceSlices published with the same
 publisher the kubelet plugin uses.  Nothing is prepared on these nodes: pods
 bound to them stay Pending in the kubelet sense, but the scheduler's
 allocation decisions are real.
+
+Thousands of nodes from one process: one list of Nodes and one list+watch of
+slices per driver (``SlicePublisher`` compares against it), never a request
+or a thread per node that a real kubelet plugin would not also need; the
+watch's events are fanned out to a few workers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,7 @@ from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
 from topodra.nodelabels import node_labels
 from topodra.publisher import SlicePublisher
+from topodra.slicewatch import SliceWatch
 
 log = logging.getLogger(__name__)
 
@@ -188,17 +195,24 @@ def with_fabric(current: dict[str, str], labels: dict[str, str]) -> dict[str, st
     return {**labels, **fabric.labels}
 
 
-def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tuple[str, str] = ("128", "2Ti")) -> None:
+def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tuple[str, str] = ("128", "2Ti"),
+                listed: Mapping[str, dict[str, Any]] | None = None) -> str:
     """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready with
-    ``allocatable`` (CPUs, memory) as capacity and allocatable."""
-    existing = kube.get(node_path(name))
+    ``allocatable`` (CPUs, memory) as capacity and allocatable; returns its UID.
+
+    ``listed``: every Node by name, from one list (a node missing from it does not exist), instead of a GET.
+    A new Node is created Ready in one request: Nodes, unlike most kinds, take their status on create.
+    """
+    existing = kube.get(node_path(name)) if listed is None else listed.get(name)
     labels = with_fabric((existing or {}).get("metadata", {}).get("labels") or {}, labels)
     if existing is None:
-        kube.create(node_path(), fake_node(name, labels))
-    elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
-        kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
-    if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
-        kube.merge_patch(node_path(name) + "/status", fake_node_status(name, *allocatable))
+        created = kube.create(node_path(), {**fake_node(name, labels), **fake_node_status(name, *allocatable)})
+        return str(created["metadata"]["uid"])
+    if any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
+        existing = kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
+    if FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
+        existing = kube.merge_patch(node_path(name) + "/status", fake_node_status(name, *allocatable))
+    return str(existing["metadata"]["uid"])
 
 
 def profile_allocatable(profile: str) -> tuple[str, str]:
@@ -217,8 +231,14 @@ class Simulation:
         self.kube = kube
         self.cluster = cluster
         self.nodes = plan(cluster)
+        self.failed: list[SlicePublisher] = []  # of the last pass
+        self._cpu_inventories: dict[str, Inventory] = {}
         self.publishers: dict[str, SlicePublisher] = {}
         self.cpu_publishers: dict[str, SlicePublisher] = {}  # cluster file's cpuDriver
+        # One list+watch of slices per driver, shared by every node's publisher.
+        self.watches: dict[str, SliceWatch] = {cluster.driver_name: SliceWatch(kube, cluster.driver_name)}
+        if cluster.cpu_driver is not None:
+            self.watches[cpudriver.DRIVER] = SliceWatch(kube, cpudriver.DRIVER)
 
     def setup(self) -> None:
         """Discover every node's mock hardware, then create its Node object (API calls run concurrently)."""
@@ -230,18 +250,23 @@ class Simulation:
             devices = {name: cpudriver.with_numa_alias(devs, alias) for name, devs in devices.items()}
             if self.kube.get(device_class_path(cpudriver.DRIVER)) is None:
                 self.kube.create(device_class_path(), cpudriver.device_class())
-            for n in self.nodes:
-                self.cpu_publishers[n.name] = SlicePublisher(self.kube, cpudriver.DRIVER, n.name,
-                                                             Inventory(cpu_devices(n, release)), min_write_interval=0)
+            self._cpu_inventories = {n.name: Inventory(cpu_devices(n, release)) for n in self.nodes}
         t1 = time.monotonic()
+        listed = {str(o["metadata"]["name"]): o for o in self.kube.list(node_path())}
         with ThreadPoolExecutor(API_WORKERS) as pool:
             # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win,
             # except that Topograph's tiers on an existing Node win over the file's tier names.
-            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels},
-                                                self._allocatable(n)), self.nodes))
-        for n in self.nodes:
-            self.publishers[n.name] = SlicePublisher(self.kube, self.cluster.driver_name, n.name,
-                                                     Inventory(devices[n.name]), min_write_interval=0)
+            uids = list(pool.map(lambda n: ensure_node(
+                self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}, self._allocatable(n), listed),
+                self.nodes))
+        for n, uid in zip(self.nodes, uids, strict=True):
+            self.publishers[n.name] = SlicePublisher(
+                self.kube, self.cluster.driver_name, n.name, Inventory(devices[n.name]), min_write_interval=0,
+                slices=self.watches[self.cluster.driver_name], node_uid=uid)
+            if release is not None:
+                self.cpu_publishers[n.name] = SlicePublisher(
+                    self.kube, cpudriver.DRIVER, n.name, self._cpu_inventories[n.name], min_write_interval=0,
+                    slices=self.watches[cpudriver.DRIVER], node_uid=uid)
         log.info("simulating %d nodes (discovery + node objects in %.1fs; discovery %.1fs)", len(self.nodes),
                  time.monotonic() - t0, t1 - t0)
 
@@ -249,30 +274,89 @@ class Simulation:
         """(CPUs, memory) of the node's profile; with the CPU driver the CPUs are the ones its slices publish
         (pods repeat their claimed CPUs in requests.cpu, so both must agree)."""
         cpus, memory = profile_allocatable(n.profile)
-        pub = self.cpu_publishers.get(n.name)
-        if pub is not None:
-            cpus = str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in pub.inventory.devices))
+        inv = self._cpu_inventories.get(n.name)
+        if inv is not None:
+            cpus = str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in inv.devices))
         return cpus, memory
 
+    def _all(self) -> list[SlicePublisher]:
+        return [*self.publishers.values(), *self.cpu_publishers.values()]
+
     def reconcile_all(self) -> int:
-        """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written."""
-        def one(item: tuple[str, SlicePublisher]) -> int:
-            name, pub = item
+        """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written.
+
+        Unless ``run`` keeps them watched, the slices are listed first (one paged list per driver).
+        """
+        for w in self.watches.values():
+            if not w.running:
+                w.relist()
+        return self._reconcile(self._all())
+
+    def _reconcile(self, pubs: list[SlicePublisher]) -> int:
+        failed: list[SlicePublisher] = []
+
+        def one(pub: SlicePublisher) -> int:
             try:
                 return int(pub.reconcile_once())
             except KubeError as e:
-                log.warning("node %s: publishing failed: %s", name, e)
+                log.warning("node %s: publishing %s failed: %s", pub.node_name, pub.driver_name, e)
+                failed.append(pub)
                 return 0
 
         with ThreadPoolExecutor(API_WORKERS) as pool:
-            return sum(pool.map(one, [*self.publishers.items(), *self.cpu_publishers.items()]))
+            written = sum(pool.map(one, pubs))
+        self.failed = [p for p in self.failed if p not in pubs] + failed  # failures of pools not retried stay
+        return written
 
     def run(self, stop: threading.Event, resync: float) -> None:
-        while not stop.is_set():
-            n = self.reconcile_all()
-            if n:
-                log.info("reconciled: %d pool(s) written", n)
-            stop.wait(resync)
+        """Reconcile the pools the watches report changed as they change, failed ones with backoff, and every
+        pool every ``resync`` seconds against the watched slices (no requests when nothing changed)."""
+        dirty: set[tuple[str, str]] = set()
+        wake = threading.Condition()
+
+        def changed(driver: str) -> Callable[[str], None]:
+            def mark(node: str) -> None:
+                with wake:
+                    dirty.add((driver, node))
+                    wake.notify()
+            return mark
+
+        for driver, w in self.watches.items():
+            w.subscribe(changed(driver))
+            w.start()
+        for w in self.watches.values():  # a pass before the first list would list every pool on its own
+            while not (w.wait_synced(1.0) or stop.is_set()):
+                pass
+        by_key = {(p.driver_name, p.node_name): p for p in self._all()}
+        next_resync, backoff, retry_at = time.monotonic(), 1.0, float("inf")
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_resync:
+                    todo, next_resync = self._all(), now + resync
+                    with wake:
+                        dirty.clear()
+                else:
+                    with wake:
+                        wake.wait_for(lambda: bool(dirty) or stop.is_set(),  # stop is seen within 1 s
+                                      max(0.0, min(next_resync, retry_at, now + 1.0) - now))
+                        keys = set(dirty)
+                        dirty.clear()
+                    todo = [by_key[k] for k in keys if k in by_key]
+                    if time.monotonic() >= retry_at:
+                        todo += [p for p in self.failed if p not in todo]
+                if not todo or stop.is_set():
+                    continue
+                n = self._reconcile(todo)
+                if n:
+                    log.info("reconciled: %d pool(s) written", n)
+                if self.failed:
+                    retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, 60.0)
+                else:
+                    retry_at, backoff = float("inf"), 1.0
+        finally:
+            for w in self.watches.values():
+                w.stop()
 
     def delete(self) -> None:
         """Remove the simulated nodes' slices and the Node objects this tool created."""
