@@ -97,7 +97,7 @@ def test_an_idle_publisher_makes_no_requests_over_many_resyncs(cluster: ClusterH
     pub.start()
     try:
         assert pub.wait_synced(30)
-        assert pub.slices is not None and pub.slices.synced
+        assert pub.slices is not None and pub.slices.wait_synced(30)
         wait_for(lambda: pub.passes >= 2, 30, "a resync after the first publish")
         before, watches, passes = len(kube.requests), kube.watches, pub.passes
         # 20 resync passes: the polling publisher listed its pool on each of them (20 requests).
