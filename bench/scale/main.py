@@ -380,7 +380,7 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
     out: dict[str, Any] = {"nodes": n}
     cluster_rows = [r for r in rows if r != "scheduler"]
     if cluster_rows:
-        lc = localcluster.Cluster.private(INSTANCE)
+        lc = localcluster.Cluster.private(args.instance)
         with tempfile.TemporaryDirectory() as tmp:
             sub = Path(tmp) / f"scale-{n}.yaml"
             sub.write_text(yaml.safe_dump(sub_cluster.model_dump(by_alias=True, exclude_defaults=True)))
@@ -512,6 +512,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=None, help="where JSON, Markdown and PNGs go (default bench/results/scale)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--lock-timeout", type=float, default=3600)
+    p.add_argument("--instance", default=INSTANCE,
+                   help="private cluster instance (and lock) name: runs of other rows need not wait for each other")
     args = p.parse_args(argv)
     try:
         args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
@@ -562,7 +564,7 @@ def _main(argv: list[str] | None) -> int:
     results: list[dict[str, Any]] = []
     t0 = time.monotonic()
     try:
-        with cluster_lock(args.lock_timeout, instance_lock_file(INSTANCE)):
+        with cluster_lock(args.lock_timeout, instance_lock_file(args.instance)):
             for n in args.size_list:
                 results.append(measure_size(n, cluster, args.row_list, args,
                                             None if args.no_plots else out_dir))
