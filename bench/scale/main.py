@@ -71,6 +71,7 @@ from topodra.fleet.fgd import DEFAULT_PRIOR
 from topodra.fleet.state import ClusterState
 from topodra.kube import Kube, KubeError, Obj
 from topodra.simulate import SimulatedCluster, load_cluster
+from topodra.slicewatch import WATCH_TIMEOUT_S
 
 INSTANCE = "bench-scale"
 CLUSTER_FILE = REPO / "hack" / "clusters" / "superpod-16k.yaml"
@@ -314,11 +315,17 @@ class CountingKube(Kube):
             self.calls += 1
         return super().request(*args, **kwargs)
 
+    def watch(self, *args: Any, **kwargs: Any) -> Iterator[Obj]:
+        with self._count_lock:
+            self.calls += 1  # a watch request is a request too
+        return super().watch(*args, **kwargs)
+
 
 def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, window: float) -> dict[str, Any]:
     """Steady state: every simulated node's SlicePublisher reconciling every PLUGIN_RESYNC_S, as each
     kubelet plugin does, run in process so its requests are counted at the client (the apiserver's totals
-    also count the controller-manager's and scheduler's traffic, which swamps a 64-node publisher rate)."""
+    also count the controller-manager's and scheduler's traffic, which swamps a 64-node publisher rate).
+    ``passes``: pool comparisons in the window (each a list per pool before the publisher watched)."""
     from topodra.simulate import Simulation
 
     kube = CountingKube.from_kubeconfig(str(lc.admin_kubeconfig))
@@ -328,15 +335,20 @@ def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, w
     sim.reconcile_all()  # the first pass writes nothing new: simulate --once published the same pools
     stop = threading.Event()
     worker = threading.Thread(target=sim.run, args=(stop, PLUGIN_RESYNC_S), daemon=True)
-    c0, t0 = kube.calls, time.monotonic()
+    pubs = [*sim.publishers.values(), *sim.cpu_publishers.values()]
+    c0, p0, t0 = kube.calls, sum(p.passes for p in pubs), time.monotonic()
     worker.start()
     stop.wait(window)  # a rate over a fixed window: nothing is asserted about its absence
+    threads = threading.active_count()  # the process's, while every publisher runs
     stop.set()
     worker.join(timeout=120)
     calls, elapsed = kube.calls - c0, time.monotonic() - t0
     kube.close()
     return {"window_s": elapsed, "requests": calls, "requests_per_s": calls / elapsed,
-            "requests_per_hour": calls / elapsed * 3600 / n, "resync_s": PLUGIN_RESYNC_S}
+            "requests_per_hour": calls / elapsed * 3600 / n, "resync_s": PLUGIN_RESYNC_S,
+            "passes": sum(p.passes for p in pubs) - p0, "threads": threads,
+            # A kubelet plugin watches its own node's slices: each renewal is one request (no list).
+            "plugin_watch_renewals_per_hour": 3600 / (sum(WATCH_TIMEOUT_S) / 2)}
 
 
 def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:
@@ -368,7 +380,7 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
     out: dict[str, Any] = {"nodes": n}
     cluster_rows = [r for r in rows if r != "scheduler"]
     if cluster_rows:
-        lc = localcluster.Cluster.private(INSTANCE)
+        lc = localcluster.Cluster.private(args.instance)
         with tempfile.TemporaryDirectory() as tmp:
             sub = Path(tmp) / f"scale-{n}.yaml"
             sub.write_text(yaml.safe_dump(sub_cluster.model_dump(by_alias=True, exclude_defaults=True)))
@@ -500,6 +512,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=None, help="where JSON, Markdown and PNGs go (default bench/results/scale)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--lock-timeout", type=float, default=3600)
+    p.add_argument("--instance", default=INSTANCE,
+                   help="private cluster instance (and lock) name: runs of other rows need not wait for each other")
     args = p.parse_args(argv)
     try:
         args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
@@ -550,7 +564,7 @@ def _main(argv: list[str] | None) -> int:
     results: list[dict[str, Any]] = []
     t0 = time.monotonic()
     try:
-        with cluster_lock(args.lock_timeout, instance_lock_file(INSTANCE)):
+        with cluster_lock(args.lock_timeout, instance_lock_file(args.instance)):
             for n in args.size_list:
                 results.append(measure_size(n, cluster, args.row_list, args,
                                             None if args.no_plots else out_dir))

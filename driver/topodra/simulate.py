@@ -3,21 +3,29 @@
 Scheduling on 50 nodes / 400 GPUs must be testable without 50 kubelets.  For
 each node described in the cluster file this creates (or reuses) a kubelet-less
 Ready Node object, runs the *real* discovery code against the node's mock
-hardware profile, and keeps its ResourceSlices published with the same
-publisher the kubelet plugin uses.  Nothing is prepared on these nodes: pods
+hardware profile (for two nodes of each kind; the others' devices are derived
+and must equal what discovery finds, see ``discover_all``), and keeps its
+ResourceSlices published with the same publisher the kubelet plugin uses.  Nothing is prepared on these nodes: pods
 bound to them stay Pending in the kubelet sense, but the scheduler's
 allocation decisions are real.
+
+Thousands of nodes from one process: one list of Nodes and one list+watch of
+slices per driver (``SlicePublisher`` compares against it), never a request
+or a thread per node that a real kubelet plugin would not also need; the
+watch's events are fanned out to a few workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,13 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from topodra import DEFAULT_DRIVER_NAME, cpudriver
 from topodra.apipaths import device_class_path, node_path, slices_path
-from topodra.devices import Device
+from topodra.devices import AttributeValue, Device
 from topodra.fabric import TIERS, fabric_labels
 from topodra.fabricfile import ClusterFabric, GroupFabric, check_nesting, group_tiers
 from topodra.inventory import Inventory
 from topodra.kube import Kube, KubeError
 from topodra.nodelabels import node_labels
 from topodra.publisher import SlicePublisher
+from topodra.slicewatch import SliceWatch
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +151,90 @@ def discover(node: SimNode) -> list[Device]:
     return load_backend(f"mock:{node.profile}", node.name, overrides=node.overrides).discover()
 
 
+def _by_name(node: str, devices: Sequence[Device]) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], str]]:
+    """The values of ``devices`` the mock and discovery derive from the node's name, by a key that is the same
+    on every node of the profile: (what it would be for ``node``, what it is), for GPU UUIDs (by slot) and
+    node-local NVLink domain ids (by member BDFs)."""
+    from topodra.hardware.mockprofile import gpu_uuid
+    from topodra.hardware.nvlink import local_domain_id
+
+    derived: dict[tuple[str, str], str] = {}
+    actual: dict[tuple[str, str], str] = {}
+    members: dict[str, set[str]] = {}
+    for d in devices:
+        if d.kind != "gpu":
+            continue
+        minor, bdf, domain = (d.attributes.get(k) for k in ("minor", "resource.kubernetes.io/pciBusID", "nvlinkDomain"))
+        if minor is None or bdf is None:
+            continue
+        derived[("uuid", str(minor.value))] = gpu_uuid(node, int(minor.value))
+        actual[("uuid", str(minor.value))] = d.uuid
+        if domain is not None:
+            members.setdefault(str(domain.value), set()).add(str(bdf.value))
+    for domain_id, bdfs in members.items():
+        key = ("nvl", ",".join(sorted(bdfs)))
+        derived[key], actual[key] = local_domain_id(node, bdfs), domain_id
+    return derived, actual
+
+
+class _Template:
+    """One real node's devices and which of their values its name explains (computed once per kind)."""
+
+    def __init__(self, node: str, devices: Sequence[Device]) -> None:
+        self.node, self.devices = node, list(devices)
+        derived, self.actual = _by_name(node, devices)
+        self.usable = (all(self.actual[k] == derived[k] for k in self.actual if k[0] == "uuid")
+                       and not any(d.device_nodes or d.env or d.lost for d in devices))
+        self.keys = [k for k in self.actual if self.actual[k] == derived[k]]
+
+    def retarget(self, node: str) -> list[Device] | None:
+        """The devices as ``node``'s: each value derived from the template's name replaced by the one derived
+        from ``node``'s; None when the template's values are not all explained that way."""
+        if not self.usable:
+            return None
+        derived, _ = _by_name(node, self.devices)
+        swap = {self.actual[k]: derived[k] for k in self.keys}
+
+        def one(d: Device) -> Device:
+            attrs = {k: AttributeValue.model_construct(string=swap[v.string])
+                     for k, v in d.attributes.items() if v.string in swap}
+            if not attrs and d.uuid not in swap:
+                return d  # frozen, and equal on every node of the kind: shared
+            return d.model_copy(update={"attributes": {**d.attributes, **attrs}, "uuid": swap.get(d.uuid, d.uuid)})
+
+        return [one(d) for d in self.devices]
+
+
+def discover_all(nodes: list[SimNode]) -> dict[str, list[Device]]:
+    """Every node's devices, by name.
+
+    The real discovery code runs for the first two nodes of each kind (profile and overrides); it costs
+    15-50 ms a node, 30 s or more of a 2,048-node simulate. The mock derives only GPU UUIDs from a node's
+    name, and discovery only the node-local NVLink domain ids: the other nodes of the kind get the first
+    node's devices with those values derived for them, once that derivation reproduced the second node's
+    real discovery exactly. A kind where it does not (MIG, another derived value) is discovered node by node.
+    """
+    kinds: dict[str, list[SimNode]] = {}
+    for n in nodes:
+        kinds.setdefault(f"{n.profile}|{json.dumps(n.overrides, sort_keys=True, default=str)}", []).append(n)
+    out: dict[str, list[Device]] = {}
+    for members in kinds.values():
+        first = members[0]
+        out[first.name] = discover(first)
+        if len(members) == 1:
+            continue
+        out[members[1].name] = discover(members[1])
+        template = _Template(first.name, out[first.name])
+        exact = template.retarget(members[1].name) == out[members[1].name]
+        if not exact:
+            log.info("nodes of %s are discovered one by one (a value of theirs is not derived from the name alone)",
+                     first.profile)
+        for n in members[2:]:
+            derived = template.retarget(n.name) if exact else None
+            out[n.name] = derived if derived is not None else discover(n)
+    return {n.name: out[n.name] for n in nodes}
+
+
 def cpu_devices(node: SimNode, release: cpudriver.Release) -> list[Device]:
     """dra-driver-cpu's grouped-mode devices for the node's mock NUMA table.
 
@@ -188,17 +281,24 @@ def with_fabric(current: dict[str, str], labels: dict[str, str]) -> dict[str, st
     return {**labels, **fabric.labels}
 
 
-def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tuple[str, str] = ("128", "2Ti")) -> None:
+def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tuple[str, str] = ("128", "2Ti"),
+                listed: Mapping[str, dict[str, Any]] | None = None) -> str:
     """Create the Node if missing (or adopt one from hack/cluster --fake-nodes) and mark it Ready with
-    ``allocatable`` (CPUs, memory) as capacity and allocatable."""
-    existing = kube.get(node_path(name))
+    ``allocatable`` (CPUs, memory) as capacity and allocatable; returns its UID.
+
+    ``listed``: every Node by name, from one list (a node missing from it does not exist), instead of a GET.
+    A new Node is created Ready in one request: Nodes, unlike most kinds, take their status on create.
+    """
+    existing = kube.get(node_path(name)) if listed is None else listed.get(name)
     labels = with_fabric((existing or {}).get("metadata", {}).get("labels") or {}, labels)
     if existing is None:
-        kube.create(node_path(), fake_node(name, labels))
-    elif any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
-        kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
-    if existing is None or FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
-        kube.merge_patch(node_path(name) + "/status", fake_node_status(name, *allocatable))
+        created = kube.create(node_path(), {**fake_node(name, labels), **fake_node_status(name, *allocatable)})
+        return str(created["metadata"]["uid"])
+    if any(existing["metadata"].get("labels", {}).get(k) != v for k, v in labels.items()):
+        existing = kube.merge_patch(node_path(name), {"metadata": {"labels": labels}})
+    if FAKE_NODE_LABEL in existing["metadata"].get("labels", {}):
+        existing = kube.merge_patch(node_path(name) + "/status", fake_node_status(name, *allocatable))
+    return str(existing["metadata"]["uid"])
 
 
 def profile_allocatable(profile: str) -> tuple[str, str]:
@@ -217,31 +317,42 @@ class Simulation:
         self.kube = kube
         self.cluster = cluster
         self.nodes = plan(cluster)
+        self.failed: list[SlicePublisher] = []  # of the last pass
+        self._cpu_inventories: dict[str, Inventory] = {}
         self.publishers: dict[str, SlicePublisher] = {}
         self.cpu_publishers: dict[str, SlicePublisher] = {}  # cluster file's cpuDriver
+        # One list+watch of slices per driver, shared by every node's publisher.
+        self.watches: dict[str, SliceWatch] = {cluster.driver_name: SliceWatch(kube, cluster.driver_name)}
+        if cluster.cpu_driver is not None:
+            self.watches[cpudriver.DRIVER] = SliceWatch(kube, cpudriver.DRIVER)
 
     def setup(self) -> None:
         """Discover every node's mock hardware, then create its Node object (API calls run concurrently)."""
         t0 = time.monotonic()
-        devices = {n.name: discover(n) for n in self.nodes}  # CPU-bound: threads would only contend
+        devices = discover_all(self.nodes)
         release = self.cluster.cpu_driver
         if release is not None:  # v0.2.0: the plugin runs with --numa-alias dra.net/numaNode (docs/deploy.md)
             alias = cpudriver.LEGACY_NUMA if release == "v0.2.0" else None
             devices = {name: cpudriver.with_numa_alias(devs, alias) for name, devs in devices.items()}
             if self.kube.get(device_class_path(cpudriver.DRIVER)) is None:
                 self.kube.create(device_class_path(), cpudriver.device_class())
-            for n in self.nodes:
-                self.cpu_publishers[n.name] = SlicePublisher(self.kube, cpudriver.DRIVER, n.name,
-                                                             Inventory(cpu_devices(n, release)), min_write_interval=0)
+            self._cpu_inventories = {n.name: Inventory(cpu_devices(n, release)) for n in self.nodes}
         t1 = time.monotonic()
+        listed = {str(o["metadata"]["name"]): o for o in self.kube.list(node_path())}
         with ThreadPoolExecutor(API_WORKERS) as pool:
             # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win,
             # except that Topograph's tiers on an existing Node win over the file's tier names.
-            list(pool.map(lambda n: ensure_node(self.kube, n.name, {**node_labels(devices[n.name]), **n.labels},
-                                                self._allocatable(n)), self.nodes))
-        for n in self.nodes:
-            self.publishers[n.name] = SlicePublisher(self.kube, self.cluster.driver_name, n.name,
-                                                     Inventory(devices[n.name]), min_write_interval=0)
+            uids = list(pool.map(lambda n: ensure_node(
+                self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}, self._allocatable(n), listed),
+                self.nodes))
+        for n, uid in zip(self.nodes, uids, strict=True):
+            self.publishers[n.name] = SlicePublisher(
+                self.kube, self.cluster.driver_name, n.name, Inventory(devices[n.name]), min_write_interval=0,
+                slices=self.watches[self.cluster.driver_name], node_uid=uid)
+            if release is not None:
+                self.cpu_publishers[n.name] = SlicePublisher(
+                    self.kube, cpudriver.DRIVER, n.name, self._cpu_inventories[n.name], min_write_interval=0,
+                    slices=self.watches[cpudriver.DRIVER], node_uid=uid)
         log.info("simulating %d nodes (discovery + node objects in %.1fs; discovery %.1fs)", len(self.nodes),
                  time.monotonic() - t0, t1 - t0)
 
@@ -249,30 +360,89 @@ class Simulation:
         """(CPUs, memory) of the node's profile; with the CPU driver the CPUs are the ones its slices publish
         (pods repeat their claimed CPUs in requests.cpu, so both must agree)."""
         cpus, memory = profile_allocatable(n.profile)
-        pub = self.cpu_publishers.get(n.name)
-        if pub is not None:
-            cpus = str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in pub.inventory.devices))
+        inv = self._cpu_inventories.get(n.name)
+        if inv is not None:
+            cpus = str(sum(int(d.capacity[cpudriver.CAPACITY]) for d in inv.devices))
         return cpus, memory
 
+    def _all(self) -> list[SlicePublisher]:
+        return [*self.publishers.values(), *self.cpu_publishers.values()]
+
     def reconcile_all(self) -> int:
-        """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written."""
-        def one(item: tuple[str, SlicePublisher]) -> int:
-            name, pub = item
+        """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written.
+
+        Unless ``run`` keeps them watched, the slices are listed first (one paged list per driver).
+        """
+        for w in self.watches.values():
+            if not w.running:
+                w.relist()
+        return self._reconcile(self._all())
+
+    def _reconcile(self, pubs: list[SlicePublisher]) -> int:
+        failed: list[SlicePublisher] = []
+
+        def one(pub: SlicePublisher) -> int:
             try:
                 return int(pub.reconcile_once())
             except KubeError as e:
-                log.warning("node %s: publishing failed: %s", name, e)
+                log.warning("node %s: publishing %s failed: %s", pub.node_name, pub.driver_name, e)
+                failed.append(pub)
                 return 0
 
         with ThreadPoolExecutor(API_WORKERS) as pool:
-            return sum(pool.map(one, [*self.publishers.items(), *self.cpu_publishers.items()]))
+            written = sum(pool.map(one, pubs))
+        self.failed = [p for p in self.failed if p not in pubs] + failed  # failures of pools not retried stay
+        return written
 
     def run(self, stop: threading.Event, resync: float) -> None:
-        while not stop.is_set():
-            n = self.reconcile_all()
-            if n:
-                log.info("reconciled: %d pool(s) written", n)
-            stop.wait(resync)
+        """Reconcile the pools the watches report changed as they change, failed ones with backoff, and every
+        pool every ``resync`` seconds against the watched slices (no requests when nothing changed)."""
+        dirty: set[tuple[str, str]] = set()
+        wake = threading.Condition()
+
+        def changed(driver: str) -> Callable[[str], None]:
+            def mark(node: str) -> None:
+                with wake:
+                    dirty.add((driver, node))
+                    wake.notify()
+            return mark
+
+        for driver, w in self.watches.items():
+            w.subscribe(changed(driver))
+            w.start()
+        for w in self.watches.values():  # a pass before the first list would list every pool on its own
+            while not (w.wait_synced(1.0) or stop.is_set()):
+                pass
+        by_key = {(p.driver_name, p.node_name): p for p in self._all()}
+        next_resync, backoff, retry_at = time.monotonic(), 1.0, float("inf")
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_resync:
+                    todo, next_resync = self._all(), now + resync
+                    with wake:
+                        dirty.clear()
+                else:
+                    with wake:
+                        wake.wait_for(lambda: bool(dirty) or stop.is_set(),  # stop is seen within 1 s
+                                      max(0.0, min(next_resync, retry_at, now + 1.0) - now))
+                        keys = set(dirty)
+                        dirty.clear()
+                    todo = [by_key[k] for k in keys if k in by_key]
+                    if time.monotonic() >= retry_at:
+                        todo += [p for p in self.failed if p not in todo]
+                if not todo or stop.is_set():
+                    continue
+                n = self._reconcile(todo)
+                if n:
+                    log.info("reconciled: %d pool(s) written", n)
+                if self.failed:
+                    retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, 60.0)
+                else:
+                    retry_at, backoff = float("inf"), 1.0
+        finally:
+            for w in self.watches.values():
+                w.stop()
 
     def delete(self) -> None:
         """Remove the simulated nodes' slices and the Node objects this tool created."""
