@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topodra.clusterview.domains import DEFAULT_GROUP_BY, DomainCell, domain_cells
-from topodra.clusterview.model import ClusterView
-from topodra.clusterview.picture import CHAR_IN_PER_PT, EDGE_COLOUR, FREE_COLOUR, TAINTED_COLOUR, preload, title_lines
+from topodra.clusterview.model import ClusterView, ModelSummary, natural_key
+from topodra.clusterview.picture import CHAR_IN_PER_PT, EDGE_COLOUR, FREE_COLOUR, TAINTED_COLOUR, preload
+from topodra.clusterview.table import summary_line
 
 # Segment order along a bar, and colours: green / magenta / grey never read as allocated blue or tainted red.
 SEGMENTS = ("usable", "stranded", "unschedulable", "tainted", "allocated")
@@ -56,46 +57,66 @@ def counts(cell: DomainCell) -> dict[str, int]:
 
 
 def left_label(cell: DomainCell) -> str:
-    return f"{cell.domain}  {cell.model}  {cell.nodes} node{'' if cell.nodes == 1 else 's'}"
+    """The domain and its node count (the model is the section's)."""
+    return f"{cell.domain} ({cell.nodes})"
 
 
 def right_label(cell: DomainCell) -> str:
-    text = f"{cell.free}/{cell.total} free"
+    text = f"{cell.free}/{cell.total}"
     if cell.stranded or cell.unschedulable:
-        text += f" ({cell.usable} usable)"
-    return text + f"  largest {cell.largest.count} (NVLink {cell.largest.nvlink})"
+        text += f", {cell.usable} usable"
+    return text + f", largest {cell.largest.count}"
+
+
+def section_label(m: ModelSummary) -> str:
+    """A model's section header: its free GPUs, largest claim placeable now and fragmentation."""
+    return (f"{m.model}: {m.free}/{m.total} free on {m.nodes} nodes; largest claim now {m.largest.count}; "
+            f"fragmented {m.fragmentation:.1f} ({m.fragmentation_ratio:.0%})")
 
 
 def render_domains_png(view: ClusterView, path: str | Path, group_by: str = DEFAULT_GROUP_BY,
                        dpi: int = DPI) -> DomainPicture:
-    """Draw the view by fabric domain into ``path`` (PNG). Needs matplotlib (``pip install 'topodra[png]'``)."""
+    """Draw the view by fabric domain into ``path`` (PNG). Needs matplotlib (``pip install 'topodra[png]'``).
+
+    Matplotlib's Agg renders text glyph by glyph (~0.1 ms each here), so labels are short: the model heads
+    its section, a row names its domain and node count, and the columns are explained once above them.
+    """
     preload()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    cells = domain_cells(view.nodes, group_by)
-    rows = max(len(cells), 1)
+    cells = sorted(domain_cells(view.nodes, group_by), key=lambda c: (c.model, natural_key(c.domain)))
+    summaries = {m.model: m for m in view.models}
+    lines: list[DomainCell | str] = []  # a section header (model) or a cell, top to bottom
+    for c in cells:
+        if not lines or (isinstance(lines[-1], DomainCell) and lines[-1].model != c.model):
+            lines.append(c.model)
+        lines.append(c)
+    rows = max(len(lines), 1)
     longest = max((c.total for c in cells), default=1) or 1
     char_in = FONT * CHAR_IN_PER_PT
     left_in = 0.25 + char_in * max((len(left_label(c)) for c in cells), default=10)
     right_in = 0.25 + char_in * max((len(right_label(c)) for c in cells), default=10)
-    fig_w = math.ceil(max(left_in + BAR_IN + right_in + 0.2, 6.5) * dpi) / dpi  # whole pixels
+    section_in = 0.3 + (FONT + 0.5) * CHAR_IN_PER_PT * 1.1 * max((len(section_label(m)) for m in view.models),
+                                                                  default=0)
+    fig_w = math.ceil(max(left_in + BAR_IN + right_in + 0.2, section_in, 6.5) * dpi) / dpi  # whole pixels
     domains = len({c.domain for c in cells})
-    heading = (f"By {GROUP_TEXT.get(group_by, group_by)}: {domains} domain{'' if domains == 1 else 's'}, "
-               f"{len(view.nodes)} nodes. topodra inventory --domain NAME draws a domain's nodes, --node NAME "
-               "one node's GPUs.")
-    texts = [*title_lines(view), heading]
+    heading = (f"By {GROUP_TEXT.get(group_by, group_by)} and GPU model: {domains} "
+               f"domain{'' if domains == 1 else 's'}, {len(view.nodes)} nodes. Left: domain (nodes); right: free/GPUs, "
+               "usable now where some are stranded or unschedulable, the largest claim placeable now. "
+               "topodra inventory --domain NAME draws a domain's nodes, --node NAME one node's GPUs.")
+    texts = ["topodra inventory: " + summary_line(view), heading]
     titles = [(line, size, i == 0) for i, text in enumerate(texts)
-              for size in (9.0 if i == 0 else 7.5,)
+              for size in (9.0 if i == 0 else 7.0,)
               for line in textwrap.wrap(text, max(20, int((fig_w - 0.2) / (size * CHAR_IN_PER_PT * (1.1 if i == 0
                                                                                                     else 1.0)))),
                                         subsequent_indent="    ")]
     legend_cols = max(1, min(len(SEGMENTS), int(fig_w / 2.0)))
     legend_rows = -(-len(SEGMENTS) // legend_cols)
-    title_in = sum(0.2 if big else 0.16 for _t, _s, big in titles)
-    top_in = 0.1 + title_in + 0.2 * legend_rows + 0.2
+    title_in = sum(0.2 if big else 0.15 for _t, _s, big in titles)
+    top_in = 0.1 + title_in + 0.2 * legend_rows + 0.15
     bottom_in = 0.15
     axes_h_in = rows * ROW_IN
     fig_h = math.ceil((top_in + axes_h_in + bottom_in) * dpi) / dpi
@@ -111,16 +132,20 @@ def render_domains_png(view: ClusterView, path: str | Path, group_by: str = DEFA
     boxes: list[list[tuple[float, float]]] = []
     faces: list[str] = []
     centres: dict[tuple[str, str, str], tuple[float, float]] = {}
-    band_start, band = 0, 0
-    for y, cell in enumerate(cells):
-        if y + 1 == len(cells) or cells[y + 1].domain != cell.domain:  # the domain's last row: its band
-            left, right = -(left_in - 0.05) * per_in, longest + (right_in - 0.05) * per_in
-            boxes.append([(left, band_start), (right, band_start), (right, y + 1), (left, y + 1)])
-            faces.append(BAND_COLOURS[band % 2])
-            band, band_start = band + 1, y + 1
+    left, right = -(left_in - 0.05) * per_in, longest + (right_in - 0.05) * per_in
+    for y, line in enumerate(lines):  # zebra bands: the eye follows a row from its label to its numbers
+        if isinstance(line, DomainCell) and y % 2:
+            boxes.append([(left, y), (right, y), (right, y + 1), (left, y + 1)])
+            faces.append(BAND_COLOURS[1])
     bands = len(boxes)
     pad = (1 - BAR_H) / 2
-    for y, cell in enumerate(cells):
+    for y, line in enumerate(lines):
+        if not isinstance(line, DomainCell):
+            m = summaries.get(line)
+            ax.text(left, y + 0.6, section_label(m) if m else line, ha="left", va="center", fontsize=FONT + 0.5,
+                    fontweight="bold")
+            continue
+        cell = line
         x = 0.0
         for seg, k in counts(cell).items():
             if k <= 0:
@@ -139,10 +164,10 @@ def render_domains_png(view: ClusterView, path: str | Path, group_by: str = DEFA
         ax.text(0, 0.5, f"No GPUs of {view.driver} on any node", va="center", fontsize=FONT)
 
     y_in = 0.1
-    for line, size, big in titles:
-        fig.text(0.1 / fig_w, 1 - y_in / fig_h, line, fontsize=size, fontweight="bold" if big else "normal",
+    for text, size, big in titles:
+        fig.text(0.1 / fig_w, 1 - y_in / fig_h, text, fontsize=size, fontweight="bold" if big else "normal",
                  va="top", ha="left")
-        y_in += 0.2 if big else 0.16
+        y_in += 0.2 if big else 0.15
     fig.legend(handles=[Patch(facecolor=COLOURS[s], edgecolor=EDGE_COLOUR, label=LEGEND[s]) for s in SEGMENTS],
                loc="upper left", bbox_to_anchor=(0.05 / fig_w, 1 - (y_in + 0.03) / fig_h), ncol=legend_cols,
                fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.2, borderaxespad=0.0)
