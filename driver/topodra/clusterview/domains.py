@@ -74,7 +74,11 @@ def node_domains(node: str, fabric: Mapping[str, str]) -> set[str]:
 def _unknown(what: str, name: str, known: Iterable[str]) -> UnknownName:
     """``what`` (e.g. ``no node 'x'``) with the known names closest to ``name``, else the first of them."""
     names = sorted(set(known), key=natural_key)
-    close = sorted(difflib.get_close_matches(name, names, n=MAX_SUGGESTIONS, cutoff=0.6), key=natural_key)
+    # The same name but for leading zeros (su3 -> su03) first, then the closest spellings.
+    same = [n for n in names if natural_key(n) == natural_key(name)]
+    close = same + sorted((n for n in difflib.get_close_matches(name, names, n=MAX_SUGGESTIONS, cutoff=0.6)
+                           if n not in same), key=natural_key)
+    close = close[:MAX_SUGGESTIONS]
     if close:
         hint = "did you mean " + ", ".join(close) + "?"
     elif not names:

@@ -65,7 +65,7 @@ def read_names(pred: DevicePredicate, driver: str) -> _Names | None:
 
 
 def _raw(value: Any) -> Any:
-    return tuple(value.items()) if isinstance(value, dict) else value
+    return tuple(value.items()) if value.__class__ is dict else value
 
 
 class _Shared:
@@ -84,9 +84,12 @@ class _Shared:
             return self._last_classes
         attrs = device.get("attributes") or {}
         caps = device.get("capacity") or {}
+        parts: list[Any] = [_raw(attrs.get(k)) for k in self.attr_keys]
+        parts.append(None)  # attributes | capacities
+        parts += [_raw(caps.get(k)) for k in self.cap_keys]
+        key: tuple[Any, ...] | None = tuple(parts)
         try:
-            key = (tuple(_raw(attrs.get(k)) for k in self.attr_keys), tuple(_raw(caps.get(k)) for k in self.cap_keys))
-            got = self._memo.get(key)
+            got = self._memo.get(key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable value: ask the predicates directly
             key, got = None, None
         if got is None:

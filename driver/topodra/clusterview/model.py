@@ -20,6 +20,7 @@ Every number ``topodra inventory`` prints, draws or exports comes from ``build_v
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -262,6 +263,7 @@ def plain(obj: Any) -> Any:
     return obj
 
 
+@functools.lru_cache(maxsize=16384)  # device names repeat on every node: gpu-0 .. gpu-7, nic-0 ..
 def natural_key(name: str) -> tuple[Any, ...]:
     """``node-2`` before ``node-10``."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
