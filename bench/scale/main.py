@@ -193,20 +193,11 @@ def run_etcd(lc: localcluster.Cluster) -> dict[str, Any]:
             "db_bytes": metric_total(etcd_metrics(lc), "etcd_mvcc_db_total_size_in_bytes")}
 
 
-def _median_wall(cmd: Sequence[str], runs: int, check: Callable[[str], None] | None = None) -> float:
-    walls = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        walls.append(time.perf_counter() - t0)
-        if p.returncode != 0:
-            raise ScaleError(f"{' '.join(cmd[2:5])} failed: {p.stderr[-2000:]}")
-        if check is not None:
-            check(p.stdout)
-    return statistics.median(walls)
-
-
-def run_inventory(lc: localcluster.Cluster, gpus: int, runs: int, png_out: Path | None) -> dict[str, Any]:
+def run_inventory(lc: localcluster.Cluster, gpus: int, runs: int, png_out: Path | None,
+                  baseline: Path | None = None) -> dict[str, Any]:
+    """Median wall time of ``topodra inventory`` as a table, ``-o json`` and ``--png``. With ``baseline`` (a
+    checkout), the same commands with its ``driver/`` too, run by run interleaved with this one's (the load
+    of a shared machine then hits both alike): ``<variant>_baseline_s``."""
     kc = ["--kubeconfig", str(lc.admin_kubeconfig)]
 
     def total_is_right(out: str) -> None:
@@ -216,9 +207,28 @@ def run_inventory(lc: localcluster.Cluster, gpus: int, runs: int, png_out: Path 
 
     with tempfile.TemporaryDirectory() as tmp:
         png = Path(tmp) / "inv.png"
-        out: dict[str, Any] = {"table_s": _median_wall(topodra("inventory", *kc), runs),
-               "json_s": _median_wall(topodra("inventory", *kc, "-o", "json"), runs, total_is_right),
-               "png_s": _median_wall(topodra("inventory", *kc, "--png", str(png)), runs)}
+        variants: dict[str, tuple[list[str], Callable[[str], None] | None]] = {
+            "table_s": (topodra("inventory", *kc), None),
+            "json_s": (topodra("inventory", *kc, "-o", "json"), total_is_right),
+            "png_s": (topodra("inventory", *kc, "--png", str(png)), None)}
+        envs: dict[str, Mapping[str, str] | None] = {"": None}
+        if baseline is not None:
+            envs["_baseline"] = {**os.environ, "PYTHONPATH": str(baseline / "driver")}
+        walls: dict[str, list[float]] = {}
+        for _ in range(runs):
+            for name, (cmd, check) in variants.items():
+                for suffix, env in envs.items():
+                    if suffix:
+                        cmd = [*cmd[:-1], str(Path(tmp) / "base.png")] if name == "png_s" else cmd
+                    t0 = time.perf_counter()
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+                    walls.setdefault(name.replace("_s", f"{suffix}_s"), []).append(time.perf_counter() - t0)
+                    if p.returncode != 0:
+                        raise ScaleError(f"{' '.join(cmd[2:5])}{suffix} failed: {p.stderr[-2000:]}")
+                    if check is not None:
+                        check(p.stdout)
+        out: dict[str, Any] = {k: statistics.median(v) for k, v in walls.items()}
+        out["samples"] = {k: [round(x, 3) for x in v] for k, v in walls.items()}
         out["png_bytes"] = png.stat().st_size
         with _pil_size(png) as size:
             out["png_px"] = size
@@ -398,7 +408,7 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                     out["etcd"] = run_etcd(lc)
                 if "inventory" in rows:
                     png = png_dir / f"inventory-{n}.png" if png_dir else None
-                    out["inventory"] = run_inventory(lc, sim["gpus"], args.runs, png)
+                    out["inventory"] = run_inventory(lc, sim["gpus"], args.runs, png, args.inventory_baseline)
                 if "controller" in rows:
                     out["controller"] = run_controller(lc)
                 if "scorer" in rows:
@@ -504,6 +514,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", default=",".join(ROWS), help=f"rows to measure, of {','.join(ROWS)}")
     p.add_argument("--cluster", default=str(CLUSTER_FILE), help="the cluster file whose first N nodes are taken")
     p.add_argument("--runs", type=int, default=3, help="inventory runs per variant (median)")
+    p.add_argument("--inventory-baseline", type=Path, default=None,
+                   help="a checkout whose driver/ also runs each inventory variant, interleaved (*_baseline_s)")
     p.add_argument("--scorer-calls", type=int, default=300)
     p.add_argument("--publisher-window", type=float, default=60.0, help="seconds of steady state counted")
     p.add_argument("--scheduler-qps", type=int, default=500)

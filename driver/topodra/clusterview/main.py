@@ -12,16 +12,24 @@ inside the functions that use them, so each output loads only what it needs.
 from __future__ import annotations
 
 import argparse
-import json
+import gc
 import logging
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.clusterview.model import DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, ClusterView
+
+# clusterview.domains' GROUP_BY keys (a unit test keeps them equal): domains imports topodra.fabric, which
+# every output but --help would then pay for at start-up.
+GROUP_BY = ("scalable-unit", "leaf-group", "spine-group", "pool")
+DEFAULT_GROUP_BY = "scalable-unit"
+PER_NODE_MAX = 64  # --picture auto: one row per node up to this many nodes (50 x 8 GPUs: 650 x 1,450 px)
 
 if TYPE_CHECKING:
     from topodra.kube import Kube
@@ -29,6 +37,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLEAR = "\x1b[H\x1b[2J"
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection while a view is read, built and written.
+
+    The lists decode into millions of acyclic objects (32,768 devices at 2,048 nodes), and every full
+    collection walks them all: 0.5 s of a 2.5 s build there. Reference counting still frees them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -47,6 +70,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="only nodes matching this label selector (e.g. topodra.io/scalable-unit=su1)")
     p.add_argument("--png", metavar="FILE", default=None,
                    help="also draw the inventory into FILE (PNG; needs matplotlib: topodra[png])")
+    p.add_argument("--domain", metavar="NAME", default=None,
+                   help="only the nodes of this fabric domain (a scalable unit, leaf or spine group, or a node-name "
+                        "pool such as h100-su2 when nodes carry no fabric labels); --png draws them node by node")
+    p.add_argument("--node", metavar="NAME", default=None, help="only this node (--png: its GPUs)")
+    p.add_argument("--picture", choices=("auto", "domains", "nodes"), default="auto",
+                   help=f"--png draws one bar per fabric domain and GPU model, or one row per node; auto: nodes "
+                        f"up to {PER_NODE_MAX} nodes or with --domain/--node, else domains")
+    p.add_argument("--group-by", choices=GROUP_BY, default=DEFAULT_GROUP_BY,
+                   help="the fabric tier --picture domains aggregates by (nodes without it: the other tiers, "
+                        "then their name pool)")
     p.add_argument("--watch", action="store_true", help="refresh every --interval seconds until interrupted")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes (--watch, --serve)")
     p.add_argument("--serve", metavar="HOST:PORT", default=None,
@@ -69,13 +102,27 @@ class InventoryReader:
         self.selector = args.selector
         self.prior = parse_prior(args.prior) if args.prior else None  # None: the scorer's
         self.prior_weight = float(args.prior_weight)
+        self.domain: str | None = getattr(args, "domain", None)
+        self.node: str | None = getattr(args, "node", None)
 
     def load(self) -> ClusterView:
+        """The view; UnknownName (nothing read is shown) when --domain or --node selects no node."""
+        with paused_gc():
+            return self._load()
+
+    def _load(self) -> ClusterView:
+        from topodra.clusterview.domains import fabric_of, select_nodes
         from topodra.clusterview.fetch import fetch
         from topodra.clusterview.model import build_view
+        from topodra.fleet.pools import newest_slices
 
         src = fetch(self.kube, self.driver, self.selector)
-        nodes = [str(n["metadata"]["name"]) for n in src.nodes] if self.selector else None
+        nodes: set[str] | None = {str(n["metadata"]["name"]) for n in src.nodes} if self.selector else None
+        if self.domain is not None or self.node is not None:
+            labels = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {}) for n in src.nodes}
+            ours = {str(s["spec"]["nodeName"]) for s in newest_slices(src.slices, self.driver, node_local=True)}
+            fabric = {n: fabric_of(labels.get(n)) for n in ours if nodes is None or n in nodes}
+            nodes = select_nodes(fabric, domain=self.domain, node=self.node)
         return build_view(src, self.driver, prior=self.prior, prior_weight=self.prior_weight,
                           window=DEFAULT_WINDOW, nodes=nodes)
 
@@ -84,7 +131,9 @@ def emit(view: ClusterView, output: str, out: TextIO) -> None:
     from topodra.clusterview.table import render_table
 
     if output == "json":
-        out.write(json.dumps(view.to_dict(), indent=2) + "\n")
+        from topodra.clusterview.jsonout import json_text
+
+        out.write(json_text(view.to_dict()))
     elif output == "yaml":
         import yaml
 
@@ -96,6 +145,26 @@ def emit(view: ClusterView, output: str, out: TextIO) -> None:
     out.flush()
 
 
+def picture_kind(view: ClusterView, picture: str, drill_down: bool) -> str:
+    """``nodes`` or ``domains``: what ``--picture auto`` draws for this view (see ``--picture``)."""
+    if picture != "auto":
+        return picture
+    return "nodes" if drill_down or len(view.nodes) <= PER_NODE_MAX else "domains"
+
+
+def draw(view: ClusterView, path: str, kind: str, group_by: str) -> tuple[str, int, int]:
+    """Render one picture; (path, width, height). Module-level so that the ``--watch`` worker can run it."""
+    if kind == "domains":
+        from topodra.clusterview.domainpicture import render_domains_png
+
+        d = render_domains_png(view, path, group_by)
+        return d.path, d.width, d.height
+    from topodra.clusterview.picture import render_png
+
+    pic = render_png(view, path)
+    return pic.path, pic.width, pic.height
+
+
 class PngWriter:
     """Renders ``--png`` in place: a one-shot command draws once, in this process.
 
@@ -105,11 +174,14 @@ class PngWriter:
     path) propagate as themselves.
     """
 
-    def write(self, view: ClusterView, path: str) -> None:
-        from topodra.clusterview.picture import render_png
+    def __init__(self, picture: str = "auto", group_by: str = DEFAULT_GROUP_BY, drill_down: bool = False) -> None:
+        self.picture = picture
+        self.group_by = group_by
+        self.drill_down = drill_down
 
-        pic = render_png(view, path)
-        log.debug("wrote %s (%dx%d px)", pic.path, pic.width, pic.height)
+    def write(self, view: ClusterView, path: str) -> None:
+        got = draw(view, path, picture_kind(view, self.picture, self.drill_down), self.group_by)
+        log.debug("wrote %s (%dx%d px)", *got)
 
     def close(self) -> None:
         pass
@@ -121,30 +193,34 @@ class WatchPngWriter(PngWriter):
     The worker keeps matplotlib's figures, fonts and caches out of this process, which lives as long
     as the watch does; forked before any thread of this process exists."""
 
-    def __init__(self) -> None:
+    def __init__(self, picture: str = "auto", group_by: str = DEFAULT_GROUP_BY, drill_down: bool = False) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         from topodra.clusterview.picture import preload
 
+        super().__init__(picture, group_by, drill_down)
         self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
         self._pool.submit(preload)
 
     def write(self, view: ClusterView, path: str) -> None:
-        from topodra.clusterview.picture import render_png
-
-        pic = self._pool.submit(render_png, view, path).result()
-        log.debug("wrote %s (%dx%d px)", pic.path, pic.width, pic.height)
+        kind = picture_kind(view, self.picture, self.drill_down)
+        got = self._pool.submit(draw, view, path, kind, self.group_by).result()
+        log.debug("wrote %s (%dx%d px)", *got)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def once(inv: InventoryReader, args: argparse.Namespace, out: TextIO, png: PngWriter | None = None) -> None:
-    view = inv.load()
-    if png is not None:
-        png.write(view, args.png)
-    emit(view, args.output, out)
+    show(inv.load(), args, out, png)
+
+
+def show(view: ClusterView, args: argparse.Namespace, out: TextIO, png: PngWriter | None = None) -> None:
+    with paused_gc():
+        if png is not None:
+            png.write(view, args.png)
+        emit(view, args.output, out)
 
 
 def serve(inv: InventoryReader, listen: str, interval: float, stop: threading.Event) -> int:
@@ -172,6 +248,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--interval must be > 0")
         if args.serve:
             parse_listen(args.serve)
+            if args.domain is not None or args.node is not None:
+                raise ValueError("--domain and --node filter the report, not the exporter (--serve): "
+                                 "filter its gauges by their node label instead")
     except ValueError as e:
         log.error("%s", e)
         return 2
@@ -181,7 +260,9 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
     png: PngWriter | None = None
     if args.png and not args.serve:
-        png = WatchPngWriter() if args.watch else PngWriter()  # the worker forks before any thread exists
+        drill = args.domain is not None or args.node is not None
+        writer = WatchPngWriter if args.watch else PngWriter  # the worker forks before any thread exists
+        png = writer(args.picture, args.group_by, drill)
     try:
         return _run(args, stop, png)
     finally:
@@ -190,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, stop: threading.Event, png: PngWriter | None) -> int:
+    from topodra.clusterview.domains import UnknownName
     from topodra.kube import Kube, KubeError
 
     try:
@@ -203,16 +285,26 @@ def _run(args: argparse.Namespace, stop: threading.Event, png: PngWriter | None)
         if not args.watch:
             once(inv, args, sys.stdout, png)
             return 0
+        first = True
         while not stop.is_set():
             t0 = time.monotonic()
             try:
+                view = inv.load()
                 if args.output == "table" and sys.stdout.isatty():
                     sys.stdout.write(CLEAR)
-                once(inv, args, sys.stdout, png)
+                show(view, args, sys.stdout, png)
             except KubeError as e:  # the API server may come back: keep watching
                 log.error("cannot read the cluster: %s", e)
+            except UnknownName as e:  # a misspelt name stops at once; a domain that empties later may refill
+                if first:
+                    raise
+                log.error("%s", e)
+            first = False
             stop.wait(max(0.0, args.interval - (time.monotonic() - t0)))
         return 0
+    except UnknownName as e:  # before anything was written
+        log.error("%s", e)
+        return 2
     except (KubeError, RuntimeError, OSError) as e:
         log.error("%s", e)
         return 1
