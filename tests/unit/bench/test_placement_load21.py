@@ -104,3 +104,34 @@ def test_cpu_only_task_has_no_fabric_slowdown() -> None:
                           su={"n1": "su1"}, accepts={}, busbw_nic={"n1": 48.0})
     cpu_only = pm.Job(0, 0.0, 10.0, 0, "any", cpu_milli=4000, memory_mib=1024)
     assert gang.fabric_slowdown(cpu_only, inv, {}, [pm.Placement("n1", (), None)]) == 1.0
+
+
+def _run(policy: str, seed: int, stranded: float, series: list[tuple[float, int, int]]) -> dict[str, object]:
+    return {"policy": policy, "seed": seed, "gpus": 10,
+            "metrics": {"stranded_gpus": stranded, "window_s": [0.0, 100.0]},
+            "series": [{"t": t, "used": used, "waiting": waiting} for t, used, waiting in series]}
+
+
+def test_utilisation_while_waiting_averages_only_the_steps_where_jobs_wait() -> None:
+    from bench.placement import paired
+
+    # 0-50 s: 2 of 10 used, nobody waits; 50-80 s: 9 used, jobs wait; 80-100 s: 10 used, jobs wait
+    run = _run("d", 1, 0.0, [(0.0, 2, 0), (50.0, 9, 3), (80.0, 10, 1)])
+    assert paired.utilisation_while_waiting(run) == pytest.approx((30 * 0.9 + 20 * 1.0) / 50)
+    assert math.isnan(paired.utilisation_while_waiting(_run("d", 1, 0.0, [(0.0, 2, 0)])))
+
+
+def test_paired_difference_is_per_seed_and_table_names_the_change() -> None:
+    from bench.placement import paired
+
+    flat = [(0.0, 5, 1)]
+    runs = [_run("d", 1, 10.0, flat), _run("d", 2, 20.0, flat), _run("d", 3, 30.0, flat),
+            _run("dr", 1, 6.0, flat), _run("dr", 2, 15.0, flat), _run("dr", 3, 24.0, flat)]
+    got = paired.compare(runs, "d", ["dr"], ["stranded_gpus"])
+    assert got["dr-d"]["stranded_gpus"]["mean"] == pytest.approx(-5.0)  # -4, -5, -6
+    assert got["dr-d"]["stranded_gpus"]["hi"] < 0  # paired: the window variance is gone
+    assert got["d"]["stranded_gpus"]["lo"] < got["dr"]["stranded_gpus"]["hi"]  # unpaired intervals overlap
+    table = paired.markdown({"runs": runs}, "d", ["dr"], [("stranded_gpus", "stranded", 1)])
+    assert "| stranded | 20.0 [" in table and "-5.0 [" in table and "[-25%]" in table
+    with pytest.raises(ValueError, match=r"no runs of policy \(c\)"):
+        paired.compare(runs, "c", ["dr"], ["stranded_gpus"])
