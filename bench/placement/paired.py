@@ -58,19 +58,22 @@ def run_values(run: Mapping[str, Any]) -> dict[str, float]:
 
 def compare(runs: Sequence[Mapping[str, Any]], base: str, others: Sequence[str],
             keys: Sequence[str]) -> dict[str, dict[str, dict[str, float]]]:
-    """``{"policy": {key: interval}}`` for base and others, and ``{"other-base": {key: paired interval}}``
-    over the seeds both ran."""
+    """``{"policy": {key: interval}}`` for base and others, and ``{"other-base": {key: paired interval}}``,
+    all over the seeds every one of these policies ran (a matrix cut short compares like with like)."""
     by = {(r["policy"], int(r["seed"])): run_values(r) for r in runs}
+    seeds: set[int] | None = None
+    for p in [base, *others]:
+        mine = {s for q, s in by if q == p}
+        if not mine:
+            raise ValueError(f"no runs of policy ({p}) in the result")
+        seeds = mine if seeds is None else seeds & mine
+    common = sorted(seeds or ())
     out: dict[str, dict[str, dict[str, float]]] = {}
     for p in [base, *others]:
-        seeds = sorted(s for q, s in by if q == p)
-        if not seeds:
-            raise ValueError(f"no runs of policy ({p}) in the result")
-        out[p] = {k: pm.interval([by[(p, s)].get(k, math.nan) for s in seeds]) for k in keys}
+        out[p] = {k: pm.interval([by[(p, s)].get(k, math.nan) for s in common]) for k in keys}
     for p in others:
-        seeds = sorted({s for q, s in by if q == base} & {s for q, s in by if q == p})
         out[f"{p}-{base}"] = {k: pm.interval([by[(p, s)].get(k, math.nan) - by[(base, s)].get(k, math.nan)
-                                              for s in seeds]) for k in keys}
+                                              for s in common]) for k in keys}
     return out
 
 

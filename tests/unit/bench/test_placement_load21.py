@@ -135,3 +135,12 @@ def test_paired_difference_is_per_seed_and_table_names_the_change() -> None:
     assert "| stranded | 20.0 [" in table and "-5.0 [" in table and "[-25%]" in table
     with pytest.raises(ValueError, match=r"no runs of policy \(c\)"):
         paired.compare(runs, "c", ["dr"], ["stranded_gpus"])
+
+
+def test_paired_compares_only_the_seeds_every_policy_ran() -> None:
+    from bench.placement import paired
+
+    flat = [(0.0, 5, 1)]
+    runs = [_run("d", 1, 10.0, flat), _run("d", 2, 20.0, flat), _run("dr", 1, 6.0, flat)]
+    got = paired.compare(runs, "d", ["dr"], ["stranded_gpus"])
+    assert got["d"]["stranded_gpus"]["mean"] == 10.0 and got["d"]["stranded_gpus"]["n"] == 1
