@@ -98,7 +98,7 @@ def fabric_busbw(inv: pm.NodeCapacity, fabric: Mapping[str, Mapping[str, str]],
 
 def fabric_slowdown(job: pm.Job, inv: pm.NodeCapacity, fabric: Mapping[str, Mapping[str, str]],
                     placements: Sequence[pm.Placement]) -> float:
-    if job.gpus == 1:
+    if job.gpus <= 1:  # one GPU, or a CPU-only task (no devices): nothing to communicate
         return 1.0
     ideal = pm.ideal_busbw(job, inv, len(placements))
     return 1.0 + pm.COMM_SHARE * max(ideal / fabric_busbw(inv, fabric, placements) - 1.0, 0.0)

@@ -301,6 +301,19 @@ def wait_untainted(kube: Kube, names: Sequence[str], timeout: float = 600) -> No
         time.sleep(1)
 
 
+def override_allocatable(kube: Kube, names: Sequence[str], allocatable: tuple[str, str]) -> None:
+    """Give every benchmark node the same capacity and allocatable (CPUs, memory) instead of its profile's.
+
+    ``--node-allocatable``: the trace was recorded on servers far smaller than a DGX (``shapes.TRACE_NODE``),
+    and CPU/memory stranding only shows on nodes of that shape. Before the inventory is read, so the
+    benchmark, kube-scheduler and the scorer all see the same figures."""
+    cpu, memory = allocatable
+    patch = {"status": {"capacity": {"cpu": cpu, "memory": memory}, "allocatable": {"cpu": cpu, "memory": memory}}}
+    for name in names:
+        kube.merge_patch(f"{CORE}/nodes/{name}/status", patch)
+    log(f"{len(names)} nodes now report allocatable cpu={cpu} memory={memory}")
+
+
 def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.NodeCapacity:
     slices = list(kube.list(f"{RES}/resourceslices", field_selector=f"spec.driver={pm.DRIVER}"))
     inv = pm.inventory_from_slices(slices, node_su, matches)
@@ -345,8 +358,9 @@ class Replay:
     """One (policy, stream) replay in its own namespace."""
 
     def __init__(self, env: Env, policy: str, jobs: Sequence[pm.Job], tick: float, settle: float,
-                 timeout: float) -> None:
+                 timeout: float, until_window_end: bool = False) -> None:
         self.env = env
+        self.until_window_end = until_window_end
         self.kube = env.kube
         self.policy = policy
         self.jobs = list(jobs)
@@ -542,6 +556,8 @@ class Replay:
             steps += 1
             if self.clock.all_started():
                 break
+            if self.until_window_end and self.clock.all_arrived():
+                break  # the metrics' window is over; what still waits is reported as unplaced
             if self.clock.all_arrived() and not self.clock.running() and self.clock.waiting():
                 log(f"{len(self.clock.waiting())} jobs can never be placed (nothing runs, nothing arrives)")
                 break
@@ -613,7 +629,8 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
 
 def print_table(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> None:
     rows = ["utilisation", "goodput", "stranded_gpus", "stranded_gpus_cpu", "stranded_gpus_memory",
-            "cpu_only_pods_on_gpu_nodes", "fgd_fragmentation", "wait_p50_s.8", "wait_p95_s.8",
+            "cpu_only_pods_on_gpu_nodes", "fgd_fragmentation", "wait_mean_s_all", "waiting_at_end",
+            "wait_p50_s.8", "wait_p95_s.8",
             "wait_p95_s.16", "wait_p95_s.1", "type_violations", "choice.1", "choice.2", "choice.3",
             "nvlink_locality", "rail_alignment", "scheduler_pods_per_s", "scorer_p50_ms", "scorer_p99_ms",
             "scorer_cpu_p50_ms", "scorer_cpu_p99_ms"]
@@ -638,7 +655,9 @@ TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model
               ("fgd_fragmentation", "FGD fragmentation", 3),
               ("wait_p50_s.8", "8-GPU wait p50 (s)", 0), ("wait_p95_s.8", "8-GPU wait p95 (s)", 0),
               ("wait_p95_s.16", "16-GPU wait p95 (s)", 0), ("wait_p95_s.4", "4-GPU wait p95 (s)", 0),
-              ("wait_p95_s.1", "1-GPU wait p95 (s)", 0), ("type_violations", "type violations (jobs)", 1),
+              ("wait_p95_s.1", "1-GPU wait p95 (s)", 0), ("wait_p95_s.0", "CPU-only wait p95 (s)", 0),
+              ("wait_mean_s_all", "mean wait, GPU jobs, waiting ones so far (s)", 0),
+              ("waiting_at_end", "jobs still waiting at the end", 1), ("type_violations", "type violations (jobs)", 1),
               ("choice.1", "got 1st choice (jobs)", 1), ("choice.2", "got 2nd choice", 1),
               ("choice.3", "got 3rd choice", 1), ("nvlink_locality", "NVLink locality", 3),
               ("rail_alignment", "rail alignment (16-GPU)", 3),
@@ -706,6 +725,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--multinode", action="store_true",
                    help="synthetic stream with 16/32/64-GPU jobs (bench/placement/gang.py SIZES); use a fabric "
                         "cluster (bench/placement/fabric-400.yaml) and policies c,e,f")
+    p.add_argument("--node-allocatable", metavar="CPUS,MEMORY",
+                   help="every node's allocatable instead of its profile's, e.g. 96,384Gi (the trace's own "
+                        "8-GPU servers, shapes.TRACE_NODE)")
+    p.add_argument("--until-window-end", action="store_true",
+                   help="end each run at its last arrival's step (the metrics' window) instead of when every job "
+                        "has started; jobs still waiting count as unplaced, their wait so far in wait_mean_s_all")
     p.add_argument("--tick", type=float, default=120.0,
                    help="virtual seconds grouped into one step (0: one step per distinct event time)")
     p.add_argument("--settle", type=float, default=0.1, help="seconds the scheduler must stay idle")
@@ -739,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--seed-list must be comma-separated integers, got {args.seed_list!r}")
     try:
+        if args.node_allocatable:
+            shapes.parse_allocatable(args.node_allocatable)
         cluster = load_cluster(args.cluster)
         if args.trace and args.shapes == "trace":
             shapes.trace_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
@@ -748,19 +775,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/run placement: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else result_file("placement", args.label)
+    head = {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
+            "policies": {k: pm.POLICIES[k] for k in policies}}
+    partial = out.with_suffix(".partial.json")
     try:
         with instance_lock(args.lock_timeout, args.instance):
             failed: list[dict[str, Any]] = []
-            results = run_matrix(args, cluster, policies, failed)
+            results = run_matrix(args, cluster, policies, failed, checkpoint=(partial, head))
     except (BenchError, localcluster.ClusterError, KubeError, pm.WorkloadError) as e:
         print(f"bench/run placement: {e}", file=sys.stderr)
         return 1
     if not results:
         print(f"bench/run placement: every run failed: {failed}", file=sys.stderr)
         return 1
-    rc = finish(args, {"args": {k: v for k, v in vars(args).items() if k not in ("out", "plots", "merge")},
-                       "policies": {k: pm.POLICIES[k] for k in policies}, "failed_runs": failed},
-                results_as_dicts(results), out)
+    rc = finish(args, {**head, "failed_runs": failed}, results_as_dicts(results), out)
+    partial.unlink(missing_ok=True)
     if failed:
         print(f"bench/run placement: {len(failed)} run(s) failed and are not in the results: {failed}", file=sys.stderr)
         return 1
@@ -782,7 +811,8 @@ def merge(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
-        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes")
+        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
+                "until_window_end")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
             print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
@@ -840,8 +870,18 @@ def start_private_cluster(attempts: int = 3, instance: str = INSTANCE,
     raise AssertionError("unreachable")
 
 
+def write_checkpoint(path: Path, head: Mapping[str, Any], results: Sequence[RunResult]) -> None:
+    """The runs so far as a document ``--merge`` reads: a matrix stopped before its end (deadline, SIGTERM)
+    still leaves its finished runs (``<out>.partial.json``, removed once the result is written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**head, "runs": results_as_dicts(results)}, default=float))
+    tmp.replace(path)
+
+
 def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Sequence[str],
-               failed: list[dict[str, Any]]) -> list[RunResult]:
+               failed: list[dict[str, Any]],
+               checkpoint: tuple[Path, Mapping[str, Any]] | None = None) -> list[RunResult]:
     """Every (policy, seed) run; a run that fails is logged into ``failed`` and the matrix goes on."""
     t0 = time.monotonic()
     # use_policy restarts kube-scheduler with the first policy's configuration
@@ -854,6 +894,8 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         matches = install_classes(kube)
         label = uuid.uuid4().hex[:6]
         sim, node_su = publish(kube, prefixed(cluster, "", label))
+        if args.node_allocatable:
+            override_allocatable(kube, list(node_su), shapes.parse_allocatable(args.node_allocatable))
         inv = build_inventory(kube, node_su, matches)
         env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label}, fabric=gang.fabric_of(sim.nodes))
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")
@@ -864,6 +906,8 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
             env.use_policy(policy)
             try:
                 results.append(run_once(env, args, policy, seed))
+                if checkpoint is not None:
+                    write_checkpoint(checkpoint[0], checkpoint[1], results)
             except (BenchError, KubeError) as e:  # e.g. --run-timeout, an overloaded apiserver: go on
                 log(f"({policy}) seed {seed} failed: {e}")
                 failed.append({"policy": policy, "seed": seed, "error": str(e)})
@@ -883,7 +927,8 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
 
 def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunResult:
     name, jobs = workload(args, seed, env.inv.total())
-    replay = Replay(env, policy, jobs, args.tick, args.settle, args.run_timeout)
+    replay = Replay(env, policy, jobs, args.tick, args.settle, args.run_timeout,
+                    until_window_end=getattr(args, "until_window_end", False))
     replay.setup()
     try:
         r = replay.execute()

@@ -720,6 +720,8 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
                                          if stranded_while_waiting else 0.0),
         "fgd_fragmentation": time_average(snaps, "fgd", t0, t1) / cap,
         "goodput": time_average(snaps, "goodput", t0, t1) / cap,
+        "wait_mean_s_all": wait_mean_all(states, clock.now),
+        "waiting_at_end": sum(1 for s in states if s.submitted and s.start is None),
         "wait_p50_s": {k: percentile(v, 50) for k, v in sorted(waits.items(), key=lambda kv: int(kv[0]))},
         "wait_p95_s": {k: percentile(v, 95) for k, v in sorted(waits.items(), key=lambda kv: int(kv[0]))},
         "choice": dict(sorted(ranks.items())),
@@ -729,6 +731,15 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
         "rail_alignment": aligned / multi_node if multi_node else math.nan,
         "multi_node_jobs": multi_node,
     }
+
+
+def wait_mean_all(states: Sequence[JobState], end: float) -> float:
+    """Mean wait of every GPU job that arrived, a job still waiting counted up to ``end`` (the replay's last
+    step): the percentiles above see placed jobs only, so a policy that leaves more jobs waiting would look
+    better there."""
+    waits = [(s.start if s.start is not None else max(end, s.job.arrival)) - s.job.arrival
+             for s in states if s.job.gpus and (s.submitted or s.start is not None)]
+    return statistics.fmean(waits) if waits else 0.0
 
 
 # --------------------------------------------------------------------------- statistics over seeds

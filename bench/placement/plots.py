@@ -5,7 +5,9 @@
 * ``utilisation-stranded.png``: GPU utilisation and stranded GPUs over virtual time, one line per
   policy (first seed);
 * ``wait-cdf.png``: CDF of job wait time per policy, all jobs and 8/16-GPU jobs (all seeds pooled);
-* ``free-heatmap.png``: free GPUs per node at each policy's peak utilisation (first seed).
+* ``free-heatmap.png``: free GPUs per node at each policy's peak utilisation (first seed);
+* ``stranded-host.png`` (runs with ``--shapes trace`` only): GPUs stranded by CPU and by memory over virtual
+  time, one colour per policy (first seed).
 
 Re-plot a stored result: ``bench/run placement_plots bench/results/placement/<file>.json [OUT_DIR]``.
 """
@@ -100,11 +102,33 @@ def plot_heatmap(doc: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def plot_host_stranding(doc: Mapping[str, Any], path: Path) -> Path:
+    runs = _first_seed_runs(doc)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    for p, r in sorted(runs.items()):
+        t = [s["t"] / 3600 for s in r["series"]]
+        ax1.step(t, [s.get("stranded_cpu", 0) for s in r["series"]], where="post", color=COLORS.get(p),
+                 label=_label(doc, p))
+        ax2.step(t, [s.get("stranded_memory", 0) for s in r["series"]], where="post", color=COLORS.get(p))
+    ax1.set_ylabel("GPUs stranded by CPU")
+    ax2.set_ylabel("GPUs stranded by memory")
+    ax2.set_xlabel("virtual time (h)")
+    ax1.legend(fontsize=7, loc="upper left")
+    ax1.set_title(f"{doc['runs'][0]['workload']}, seed {min(r['seed'] for r in runs.values())}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(doc: Mapping[str, Any], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [plot_timeseries(doc, out_dir / "utilisation-stranded.png"),
-            plot_wait_cdf(doc, out_dir / "wait-cdf.png"),
-            plot_heatmap(doc, out_dir / "free-heatmap.png")]
+    out = [plot_timeseries(doc, out_dir / "utilisation-stranded.png"),
+           plot_wait_cdf(doc, out_dir / "wait-cdf.png"),
+           plot_heatmap(doc, out_dir / "free-heatmap.png")]
+    if (doc.get("args") or {}).get("shapes") == "trace":
+        out.append(plot_host_stranding(doc, out_dir / "stranded-host.png"))
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -31,6 +31,9 @@ from bench.placement import model as pm
 
 MIB = 1 << 20
 DEFAULT_LIST = "openb_pod_list_default.csv"
+# The server the trace's 8-GPU tasks ran on: 549 of the 1,213 nodes of openb_node_list_gpu_node.csv (model G2,
+# 8 GPUs, 96000 cpu_milli, 393216 memory_mib): 12 CPUs and 48Gi per GPU, against a DGX H100's 28 and 256Gi.
+TRACE_NODE = ("96", "384Gi")
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,23 @@ def with_host(snap: pm.Snapshot, inv: pm.NodeCapacity, placements: Mapping[str, 
     st = stranded_split(inv, snap.free_per_node, waiting, policy, room)
     return replace(snap, stranded=st.total, stranded_cpu=st.by_cpu, stranded_memory=st.by_memory,
                    cpu_only_on_gpu_nodes=cpu_only_on_gpu_nodes(placements, jobs_by_pod, inv))
+
+
+def parse_allocatable(text: str) -> tuple[str, str]:
+    """``"96,384Gi"`` -> ("96", "384Gi") for ``--node-allocatable``; a clear error for anything else."""
+    from topodra.selectors import parse_quantity
+
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--node-allocatable must be CPUS,MEMORY (e.g. 96,384Gi), got {text!r}")
+    for what, value in zip(("CPUs", "memory"), parts, strict=True):
+        try:
+            ok = parse_quantity(value) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"--node-allocatable: {what} {value!r} is not a positive Kubernetes quantity")
+    return parts[0], parts[1]
 
 
 def node_allocatable(nodes: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, tuple[int, int]]:
