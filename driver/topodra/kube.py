@@ -151,13 +151,7 @@ class Urllib3Transport:
     """HTTPS with a client certificate and/or a bearer token that is re-read when its file changes."""
 
     def __init__(self, cfg: SimpleConfig, pool_size: int = 8) -> None:
-        ctx = ssl.create_default_context(cafile=cfg.ca_file,
-                                         cadata=cfg.ca_data.decode() if cfg.ca_data else None)
-        if cfg.insecure:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if cfg.cert_file or cfg.cert_data:
-            _load_client_cert(ctx, cfg)
+        ctx = ssl_context(cfg)
         self.host = cfg.server
         self._cfg = cfg
         self._token = cfg.token
@@ -205,6 +199,22 @@ class Urllib3Transport:
 
     def close(self) -> None:
         self._pool.clear()
+
+
+def ssl_context(cfg: SimpleConfig) -> ssl.SSLContext:
+    """The TLS context for ``cfg``: its CA (or none checked when insecure) and its client certificate."""
+    ctx = ssl.create_default_context(cafile=cfg.ca_file, cadata=cfg.ca_data.decode() if cfg.ca_data else None)
+    if cfg.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file or cfg.cert_data:
+        _load_client_cert(ctx, cfg)
+    return ctx
+
+
+def error_from_response(status: int, reason: str, data: bytes | str | None) -> KubeError:
+    """The KubeError for an HTTP error answer (other clients of the API answer as ``Kube`` does)."""
+    return _to_error(status, reason, data)
 
 
 def _load_client_cert(ctx: ssl.SSLContext, cfg: SimpleConfig) -> None:

@@ -121,6 +121,7 @@ class Plugin:
         from topodra.inventory import Inventory
         from topodra.kube import Kube, KubeError
         from topodra.plugin import metrics
+        from topodra.plugin.claimget import claim_reader
         from topodra.plugin.cleanup import CleanupLoop
         from topodra.plugin.device_health import DeviceHealthBoard
         from topodra.plugin.nodelabel import NodeLabeler
@@ -165,8 +166,13 @@ class Plugin:
             except KubeError as e:
                 log.warning("cannot read the published device taints (%s); starting without them", e)
 
+            reader = claim_reader(str(cfg.kubeconfig) if cfg.kubeconfig else None)
+            get = reader.get if reader is not None else kube.get
+            if reader is not None:
+                stack.callback(reader.close)
+
             def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
-                return kube.get(claim_path(namespace, name))
+                return get(claim_path(namespace, name))
 
             server = PluginServer(driver_name=cfg.driver_name, node_name=cfg.node_name, state=state,
                                   claim_getter=get_claim, board=board, plugin_dir=cfg.plugin_dir,
