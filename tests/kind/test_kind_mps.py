@@ -19,7 +19,9 @@ from .test_kind_real_gpu import TOPODRA_IMAGE, _ready, plugin_nodes
 
 API_VERSION = "gpu.topodra.io/v1alpha1"
 PLUGIN_DIR = "/var/lib/kubelet/plugins/gpu.topodra.io"  # the chart's plugin dir on the node
-CONTROL = "/driver-root/usr/bin/nvidia-cuda-mps-control"  # the tree's stand-in, as the daemon pod names it
+CONTROL = "/driver-root/usr/bin/nvidia-cuda-mps-control"
+# By absolute path: the daemon pod's PATH is the driver tools' directory only (sharing/driverbins.py).
+PYTHON = "/opt/topodra/bin/python3"  # the tree's stand-in, as the daemon pod names it
 # A client of the daemon, speaking the stand-in's pipe protocol (as mockmps and mps.c do): a reply FIFO named
 # relative to the pipe directory, the command on the control FIFO, the answer read back. Prints "ANSWER <json>".
 ASK = r"""
@@ -73,14 +75,14 @@ def client_pod(name: str, template: str, node: str) -> str:
 def ask(kind: Kind, ns: str, pod: str, *command: str, container: str | None = None) -> str:
     """The daemon's answer to ``command``, asked from inside ``pod`` through its pipe directory."""
     extra = ["-c", container] if container else []
-    out = kind.k("exec", "-n", ns, pod, *extra, "--", "python3", "-c", ASK, *command, timeout=60).stdout
+    out = kind.k("exec", "-n", ns, pod, *extra, "--", PYTHON, "-c", ASK, *command, timeout=60).stdout
     (line,) = [x for x in out.splitlines() if x.startswith("ANSWER ")]
     return str(json.loads(line.removeprefix("ANSWER ")))
 
 
 def read_in(kind: Kind, ns: str, pod: str, path: str) -> subprocess.CompletedProcess[str]:
-    """A file as ``pod`` sees it (the topodra image has python3 but no coreutils)."""
-    return kind.k("exec", "-n", ns, pod, "--", "python3", "-c",
+    """A file as ``pod`` sees it (the topodra image has python but no coreutils)."""
+    return kind.k("exec", "-n", ns, pod, "--", PYTHON, "-c",
                   "import sys; sys.stdout.write(open(sys.argv[1]).read())", path, check=False, timeout=60)
 
 
