@@ -17,7 +17,8 @@ Rows (``--rows``):
   rules, build the fleet snapshot, evaluate ``PROFILES``): process CPU and wall time.
 * ``scorer``: the placement scorer's view built from the listed objects, filled to ~50% with first-fit claims
   (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes; the view's
-  Python heap (``tracemalloc``).
+  Python heap (``tracemalloc``): ``lists_mib`` the listed objects and indexes, ``view_mib`` with every node's
+  view built as the cache does after its relist.
 * ``publisher``: every node's ``SlicePublisher`` (``topodra.simulate.Simulation`` in process) reconciling with
   the kubelet plugin's resync period (10 s) for ``--publisher-window`` seconds after a first pass; its requests,
   counted at the client, per node per hour.
