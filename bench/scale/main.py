@@ -17,7 +17,8 @@ Rows (``--rows``):
   rules, build the fleet snapshot, evaluate ``PROFILES``): process CPU and wall time.
 * ``scorer``: the placement scorer's view built from the listed objects, filled to ~50% with first-fit claims
   (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes; the view's
-  Python heap (``tracemalloc``).
+  Python heap (``tracemalloc``): ``lists_mib`` the listed objects and indexes, ``view_mib`` with every node's
+  view built as the cache does after its relist.
 * ``publisher``: every node's ``SlicePublisher`` (``topodra.simulate.Simulation`` in process) reconciling with
   the kubelet plugin's resync period (10 s) for ``--publisher-window`` seconds after a first pass; its requests,
   counted at the client, per node per hour.
@@ -268,12 +269,13 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
     from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, spec
     from testkit.views import claim
 
-    from topodra.placement.cache import Cache
+    from topodra.placement.cache import Cache, settle_heap
     from topodra.placement.server import Placement
 
     kube = lc.kube()
-    # What the scorer's cache holds: the listed objects it keeps plus its indexes. Traced from before the
-    # lists are read, measured after every local reference to them is gone.
+    # What the scorer's cache holds: the listed objects it keeps plus its indexes (``lists``), then with every
+    # node's view built, as the cache does right after its relist (``view``). Traced from before the lists are
+    # read, measured after every local reference to them is gone.
     gc.collect()
     tracemalloc.start()
     st = ClusterState(DRIVER, window=200)
@@ -281,6 +283,9 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
     st.replace("nodes", list(kube.list(node_path())))
     st.replace("slices", list(kube.list(slices_path(), field_selector=f"spec.driver={DRIVER}")))
     st.replace("claims", list(kube.list(claim_path())))
+    gc.collect()
+    lists_bytes = tracemalloc.get_traced_memory()[0]
+    st.warm_views()
     gc.collect()
     view_bytes = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -291,6 +296,7 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
     while len(st.used) < total // 2 and tries < 20 * len(names):
         tries += 1
         allocate(st, rng, rng.choice(names), rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3)
+    settle_heap()  # what the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: fed directly, as bench/scorer_latency does
     placement = Placement(cache, DEFAULT_PRIOR, 20)
     cpu, wall = [], []
@@ -309,7 +315,9 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
     return {"calls": calls, "nodes": len(names), "gpus": total, "used": len(st.used),
             "cpu_p50_ms": pct(cpu, 0.5) * ms, "cpu_p99_ms": pct(cpu, 0.99) * ms,
             "wall_p50_ms": pct(wall, 0.5) * ms, "wall_p99_ms": pct(wall, 0.99) * ms,
-            "view_mib": view_bytes / 2**20, "shapes": st.sizes().get("shapes")}
+            "view_mib": view_bytes / 2**20, "lists_mib": lists_bytes / 2**20, "shapes": st.sizes().get("shapes"),
+            "node_states": len(placement.states.states.states),
+            "memo_entries": len(placement.scorer._place) + len(placement.scorer._unusable)}
 
 
 class CountingKube(Kube):

@@ -8,8 +8,15 @@ releases a random claim when above it -- so every call sees a view that changed 
 as in a real cluster. Calls are timed in-process (``Placement.prioritize``) and over HTTP on a
 kept-alive connection (what kube-scheduler does), including JSON of the pod and all node names.
 
+With ``--cluster FILE`` the view is the first N nodes of that cluster file instead (whole groups in file
+order, ``bench/scale``'s sizes), each Node with its labels and its profile's allocatable CPU and memory as
+``topodra simulate`` creates it, so CPU/memory-aware scoring (``--host-resources on``, the scorer's default)
+is exercised; ``--pods-per-node K`` also binds K CPU-only pods of random size to every node, so the nodes'
+free CPU and memory differ (the hard case for the per-state scorer). ``--per-node`` measures the per-node
+path (``Placement(by_state=False)``, the scorer before issue 22) for comparison.
+
 Usage: bench/run scorer_latency [--calls N] [--runs R] [--json FILE]   (no file unless --json)
-Targets (issue 15): p99 <= 5 ms at 50 nodes, <= 25 ms at 500 nodes.
+Targets (issue 15): p99 <= 5 ms at 50 nodes, <= 25 ms at 500 nodes; issue 22: CPU p99 <= 5 ms at 2,048 nodes.
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ from topodra.fleet.demand import parse_demand
 from topodra.fleet.fgd import DEFAULT_PRIOR
 from topodra.fleet.state import ClusterState
 from topodra.kube import Kube, Obj
-from topodra.placement.cache import Cache
+from topodra.placement.cache import Cache, settle_heap
 from topodra.placement.server import Placement, Server
-from topodra.simulate import load_cluster
+from topodra.simulate import fake_node, fake_node_status, load_cluster, plan, profile_allocatable
 
 SIZES = (1, 2, 4, 8)
 SIZE_P = (0.6, 0.1, 0.1, 0.2)
@@ -72,6 +79,37 @@ def build(nodes: int, seed: int) -> tuple[ClusterState, random.Random]:
     return st, rng
 
 
+def build_cluster(path: Path, nodes: int, seed: int, pods_per_node: int = 0) -> tuple[ClusterState, random.Random]:
+    """The first ``nodes`` nodes of a cluster file (labels, allocatable), ~50% of GPUs allocated first-fit;
+    ``pods_per_node`` bound CPU-only pods of random size on each node."""
+    from bench.scale.clusters import first_nodes
+
+    sim = plan(first_nodes(load_cluster(path), nodes))
+    st = ClusterState(DRIVER, window=200)
+    st.replace("classes", device_classes())
+    node_objs = []
+    for n in sim:
+        obj = fake_node(n.name, n.labels)
+        obj.update(fake_node_status(n.name, *profile_allocatable(n.profile)))
+        node_objs.append(obj)
+    st.replace("nodes", node_objs)
+    st.replace("slices", [s for n in sim for s in node_slices(n.name, n.profile)])
+    rng = random.Random(seed)
+    names = [n.name for n in sim]
+    if pods_per_node:
+        st.replace("pods", [{"metadata": {"name": f"cpu-{i}-{k}", "namespace": "ns"},
+                             "spec": {"nodeName": n, "containers": [{"name": "c", "resources": {"requests": {
+                                 "cpu": f"{rng.choice((1, 2, 4, 8))}", "memory": f"{rng.choice((4, 16, 64))}Gi"}}}]},
+                             "status": {"phase": "Running"}}
+                            for i, n in enumerate(names) for k in range(pods_per_node)])
+    total = sum(v.gpus for n in names if (v := st.node_view(n)) is not None)
+    tries = 0
+    while len(st.used) < total // 2 and tries < 20 * len(names):
+        tries += 1
+        allocate(st, rng, rng.choice(names), rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3)
+    return st, rng
+
+
 _seq = 0
 
 
@@ -96,11 +134,19 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run_once(nodes: int, calls: int, seed: int) -> dict[str, Any]:
-    st, rng = build(nodes, seed)
+def run_once(nodes: int, calls: int, seed: int, cluster: Path | None = None, host_aware: bool = True,
+             pods_per_node: int = 0, by_state: bool = True, profile: Path | None = None) -> dict[str, Any]:
+    st, rng = build(nodes, seed) if cluster is None else build_cluster(cluster, nodes, seed, pods_per_node)
     names = sorted(st.nodes)
+    st.warm_views()
+    settle_heap()  # both as the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: the view is fed directly
-    placement = Placement(cache, DEFAULT_PRIOR, 20)
+    placement = Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=by_state)
+    prof = None
+    if profile is not None:
+        import cProfile
+
+        prof = cProfile.Profile()
     server = Server(placement, "127.0.0.1", free_port())
     server.start()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
@@ -116,10 +162,14 @@ def run_once(nodes: int, calls: int, seed: int) -> dict[str, Any]:
             pod = {"metadata": {"name": f"pod{k}", "namespace": "ns"},
                    "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": f"p{k}"}]}}
             args = {"Pod": pod, "NodeNames": names}
+            if prof is not None and k > 0:
+                prof.enable()
             t0, c0 = time.perf_counter(), time.thread_time()
             result = placement.prioritize(args)
             dt = time.perf_counter() - t0
             inproc_cpu.append(time.thread_time() - c0)
+            if prof is not None:
+                prof.disable()
             if k == 0:
                 cold = dt
             inproc.append(dt)
@@ -141,8 +191,12 @@ def run_once(nodes: int, calls: int, seed: int) -> dict[str, Any]:
     finally:
         conn.close()
         server.shutdown()
+    if prof is not None and profile is not None:
+        prof.dump_stats(str(profile))
     ms = 1000.0
     return {"nodes": nodes, "calls": calls, "seed": seed, "cold_ms": cold * ms,
+            "cluster": str(cluster) if cluster else "enterprise-400 x N", "host_aware": host_aware,
+            "pods_per_node": pods_per_node, "by_state": by_state, "used": len(st.used),
             "inproc_p50_ms": pct(inproc, 0.5) * ms, "inproc_p99_ms": pct(inproc, 0.99) * ms,
             "inproc_cpu_p50_ms": pct(inproc_cpu, 0.5) * ms, "inproc_cpu_p99_ms": pct(inproc_cpu, 0.99) * ms,
             "http_p50_ms": pct(over_http, 0.5) * ms, "http_p99_ms": pct(over_http, 0.99) * ms,
@@ -155,10 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs (seeds) per cluster size (default 5)")
     p.add_argument("--nodes", default="50,500", help="cluster sizes (default 50,500)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--cluster", type=Path, default=None,
+                   help="take the nodes from this cluster file (e.g. hack/clusters/superpod-16k.yaml)")
+    p.add_argument("--host-resources", choices=["on", "off"], default="on",
+                   help="the scorer's CPU/memory-aware scoring (default on, as the scorer's flag)")
+    p.add_argument("--pods-per-node", type=int, default=0, help="with --cluster: bound CPU-only pods per node")
+    p.add_argument("--per-node", action="store_true", help="the per-node path (by_state=False)")
+    p.add_argument("--profile", type=Path, default=None, help="cProfile the calls of the first run into FILE")
     args = p.parse_args(argv)
+    if args.pods_per_node < 0 or (args.pods_per_node and args.cluster is None):
+        p.error("--pods-per-node must be >= 0 and needs --cluster")
     out: dict[str, Any] = {"bench": "scorer_latency", "runs": []}
     for n in (int(x) for x in args.nodes.split(",")):
-        rows = [run_once(n, args.calls, seed) for seed in range(args.runs)]
+        rows = [run_once(n, args.calls, seed, args.cluster, args.host_resources == "on", args.pods_per_node,
+                         not args.per_node, args.profile if seed == 0 else None) for seed in range(args.runs)]
         out["runs"] += rows
         summary = {k: statistics.median(r[k] for r in rows)
                    for k in ("inproc_p50_ms", "inproc_p99_ms", "inproc_cpu_p50_ms", "inproc_cpu_p99_ms",

@@ -13,6 +13,7 @@ The placement scorer minimises the change of F_n; the inventory prints F_n. Both
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ def parse_prior(text: str) -> dict[int, float]:
     return {k: w / total for k, w in out.items()}
 
 
+@functools.lru_cache(maxsize=256)
 def prior_demand(gpus: int, driver: str) -> Demand:
     """A prior request class: ``gpus`` GPUs of any model, in one NVLink domain when more than one."""
     cons = (Constraint(requests=(), attribute=f"{driver}/nvlinkDomain"),) if gpus > 1 else ()
@@ -144,11 +146,13 @@ class Fragmentation:
         self._unusable: dict[tuple[int, frozenset[int], int], int] = {}
         self._ids: dict[Demand, int] = {}  # demands hash recursively: look them up once per call
         self._max = max_entries
+        self.generation = 0  # bumped when the memo (and with it the demand ids) is dropped
 
     def _trim(self) -> None:
         if len(self._unusable) > self._max:
             self._unusable.clear()
             self._ids.clear()
+            self.generation += 1
 
     def _classes(self, mix: Mix) -> list[tuple[int, Demand, float]]:
         out = []

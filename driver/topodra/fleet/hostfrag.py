@@ -14,6 +14,7 @@ With no share (a pod without requests) or an unknown allocatable this is plain F
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topodra.fleet.allocator import free_gpus
@@ -51,6 +52,20 @@ class HostFit:
         return self.cpu_free, self.memory_free
 
 
+@dataclass(frozen=True, slots=True)
+class HostJob:
+    """The scored pod's side of ``HostFit``: the same for every candidate of one call (hashable: it keys
+    the scorer's per-state cache, ``placement.bystate``)."""
+
+    pod_cpu: int  # millicores
+    pod_memory: int  # bytes
+    share: Share | None  # per-GPU share of the pod's class; None: not asked
+
+    def on(self, cpu_free: int, memory_free: int) -> HostFit:
+        return HostFit(cpu_free=cpu_free, memory_free=memory_free, pod_cpu=self.pod_cpu,
+                       pod_memory=self.pod_memory, share=self.share)
+
+
 def capped_unusable(free: int, unusable_gpu: int, k: int, cpu_free: int, memory_free: int,
                     share: Share | None) -> int:
     """``unusable`` of one class once the node's free CPU and memory cap its placements."""
@@ -59,6 +74,25 @@ def capped_unusable(free: int, unusable_gpu: int, k: int, cpu_free: int, memory_
     by_cpu, by_mem = host_gpu_limit(cpu_free, memory_free, share, k)
     usable = min(free - unusable_gpu, by_cpu, by_mem)
     return free - max(0, usable)
+
+
+def capped_vector(free: int, unusable_gpu: Sequence[int], ks: Sequence[int], cpu_free: int, memory_free: int,
+                  share: Share | None) -> tuple[int, ...]:
+    """``capped_unusable`` of several classes at once (``ks``: each one's GPUs per placement); the host
+    limits are worked out once per distinct ``k``."""
+    if share is None:
+        return tuple(unusable_gpu)
+    limits: dict[int, int] = {}
+    out = []
+    for u, k in zip(unusable_gpu, ks, strict=True):
+        if k <= 0:
+            out.append(u)
+            continue
+        lim = limits.get(k)
+        if lim is None:
+            lim = limits[k] = min(host_gpu_limit(cpu_free, memory_free, share, k))
+        out.append(free - max(0, min(free - u, lim)))
+    return tuple(out)
 
 
 def host_fragmentation(frag: Fragmentation, view: NodeView, used: frozenset[int],

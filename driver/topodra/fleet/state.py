@@ -14,20 +14,24 @@ claims.  Three ideas keep ``prioritize`` cheap:
   and constraint (same memberships, same pattern of equal attribute values) share
   it, so results computed for one node are reused for all nodes in the same state.
   Taints are not part of the shape: they enter through the unavailable set, as allocations do.
+
+Derived caches outside this class (``fleet.nodestates``) follow it through its change journal
+(``changed_since``): every update names the nodes whose scoring inputs it changed, or "all".
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from operator import itemgetter
 from typing import Any, Protocol
 
 from topodra.fleet.allocations import allocated_keys
 from topodra.fleet.cel import Selector, qualified_capacity, recognise
 from topodra.fleet.demand import Demand, DemandError, parse_demand
-from topodra.fleet.hostres import HostResources
+from topodra.fleet.hostres import HostResources, PodRecord
 from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, rule_matches, rule_taint
@@ -35,6 +39,7 @@ from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) of the scorer's driver
+JOURNAL_MAX = 65_536  # changed node names kept for ``changed_since``; a reader further behind rebuilds
 
 
 # --------------------------------------------------------------------------- devices and nodes
@@ -183,6 +188,40 @@ class ClusterState:
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
         self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
+        # Nodes whose view, unavailable devices, labels or free CPU/memory changed, in order; change
+        # number ``_journal_base + k`` is ``_journal[k]``. "Everything changed" empties it past the base.
+        self._journal: list[str] = []
+        self._journal_base = 0
+
+    # ----- change journal
+
+    @property
+    def changes(self) -> int:
+        """The number of the latest change: pass it to ``changed_since`` later."""
+        return self._journal_base + len(self._journal)
+
+    def changed_since(self, mark: int) -> list[str] | None:
+        """Nodes whose scoring inputs changed after change ``mark`` (repeats possible), or None when
+        that is not known any more (everything may have changed: rebuild)."""
+        if mark < self._journal_base or mark > self.changes:
+            return None
+        return self._journal[mark - self._journal_base:]
+
+    def _touch(self, node: str) -> None:
+        self._journal.append(node)
+        if len(self._journal) > JOURNAL_MAX:
+            drop = len(self._journal) // 2
+            del self._journal[:drop]
+            self._journal_base += drop
+
+    def _touch_all(self) -> None:
+        self._journal_base += len(self._journal) + 1
+        self._journal.clear()
+
+    def _forget_used(self) -> None:
+        """Every node's unavailable set may have changed (a taint rule, a relist of claims)."""
+        self._used_by_node.clear()
+        self._touch_all()
 
     # ----- updates
 
@@ -208,16 +247,19 @@ class ClusterState:
     def _forget_view(self, node: str) -> None:
         self._views.pop(node, None)
         self._used_by_node.pop(node, None)
+        self._touch(node)
 
     def _forget_views(self) -> None:
         self._views.clear()
         self._used_by_node.clear()
+        self._touch_all()
 
     def _claim_touched(self, info: ClaimInfo) -> None:
         for pool, _dev in info.allocated:
             node = self._pool_node.get(pool)
             if node is not None:
                 self._used_by_node.pop(node, None)
+                self._touch(node)
 
     def set_taint_rule(self, obj: Obj) -> None:
         """A DeviceTaintRule (any driver's: its selector decides); one without an effect taints nothing."""
@@ -225,11 +267,11 @@ class ClusterState:
         self.taint_rules.pop(name, None)
         if rule_taint(obj) is not None:
             self.taint_rules[name] = obj
-        self._used_by_node.clear()  # a rule may select devices on any node
+        self._forget_used()  # a rule may select devices on any node
 
     def delete_taint_rule(self, name: str) -> None:
         if self.taint_rules.pop(name, None) is not None:
-            self._used_by_node.clear()
+            self._forget_used()
 
     def set_class(self, obj: Obj) -> None:
         self.classes[_key(obj)[1]] = class_matcher(obj)
@@ -244,20 +286,36 @@ class ClusterState:
         self.node_labels[_key(obj)[1]] = {str(k): str(v) for k, v in
                                           ((obj.get("metadata") or {}).get("labels") or {}).items()}
         self.hosts.set_node(obj)
+        self._touch(_key(obj)[1])
 
     def delete_node(self, name: str) -> None:
         self.nodes.discard(name)
         self.node_labels.pop(name, None)
         self.hosts.delete_node(name)
+        self._touch(name)
 
     def set_pod(self, obj: Obj) -> None:
         """One Pod watch feeds both pod views: gang membership (``pods``) and CPU/memory held (``hosts``)."""
         self.pods.set_pod(obj)
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name", "")))
+        old = self.hosts.pods.get(key)
         self.hosts.set_pod(obj)
+        self._pod_moved(old, self.hosts.pods.get(key))
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.pods.delete_pod(namespace, name)
+        old = self.hosts.pods.get((namespace, name))
         self.hosts.delete_pod(namespace, name)
+        self._pod_moved(old, None)
+
+    def _pod_moved(self, old: PodRecord | None, new: PodRecord | None) -> None:
+        """The nodes whose free CPU/memory a pod update changed."""
+        if old == new:
+            return
+        for rec in (old, new):
+            if rec is not None and rec.node:
+                self._touch(rec.node)
 
     def set_claim(self, obj: Obj) -> None:
         key = _key(obj)
@@ -327,15 +385,17 @@ class ClusterState:
             for o in items:
                 self.set_node(o)
             self.hosts.replace_nodes(items)
+            self._touch_all()
         elif kind == "pods":
             self.pods.replace_pods(items)
             self.hosts.replace_pods(items)
+            self._touch_all()
         elif kind == "podgroups":
             self.pods.replace_groups(items)
         elif kind == "claims":
             self.claims.clear()
             self.used.clear()
-            self._used_by_node.clear()
+            self._forget_used()
             history = dict(self.recent)
             self.recent.clear()
             for o in sorted(items, key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp", ""))):
@@ -352,7 +412,7 @@ class ClusterState:
             self.taint_rules.clear()
             for o in items:
                 self.set_taint_rule(o)
-            self._used_by_node.clear()
+            self._forget_used()
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -385,6 +445,10 @@ class ClusterState:
                         index={d.key: i for i, d in enumerate(devices)})
         self._views[node] = view
         return view
+
+    def nodes_with_devices(self) -> list[str]:
+        """Nodes with at least one slice of the driver (``node_view`` is not None for exactly these)."""
+        return [node for node, names in self._slices_by_node.items() if names]
 
     def warm_views(self) -> int:
         """Build every node's view now (after a relist) rather than in the next ``prioritize`` call."""
@@ -441,9 +505,14 @@ class ClusterState:
     def observed_mix(self) -> dict[Demand, int]:
         """How often each demand occurred among the last ``window`` claims (counted once per change)."""
         if self._mix is None or self._mix[0] != self.mix_version:
+            # Counted by identity first (demands are interned; C-level, no Python __hash__ per claim), then
+            # equal demands merged: the same counts in the same order (first occurrence) as one by one.
+            demands = list(map(itemgetter(1), self.recent.values()))
+            by_id = dict(zip(map(id, demands), demands, strict=True))
             counts: dict[Demand, int] = {}
-            for _created, demand in self.recent.values():
-                counts[demand] = counts.get(demand, 0) + 1
+            for i, n in Counter(map(id, demands)).items():
+                d = by_id[i]
+                counts[d] = counts.get(d, 0) + n
             self._mix = (self.mix_version, counts)
         return dict(self._mix[1])
 

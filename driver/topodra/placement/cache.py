@@ -16,6 +16,7 @@ rules and is retried every ``OPTIONAL_RETRY`` seconds, so the scorer still becom
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -66,6 +67,14 @@ def pods_source() -> Source:
     """Every pod (bound ones hold node CPU and memory; unbound ones carry their pod group). Terminal
     pods are filtered by the server: they hold nothing (``fleet.hostres``)."""
     return Source("pods", pod_path(), "status.phase!=Succeeded,status.phase!=Failed")
+
+
+def settle_heap() -> None:
+    """After a relist the listed objects are long-lived: move everything alive now out of the cyclic
+    collector's sight (``gc.freeze``, O(1)). Else a full collection walks them all in the middle of some
+    ``prioritize`` call: 260 ms at 2,048 nodes, the whole of the scorer's p99 there (issue 22). Frozen
+    objects are still freed by reference counting when a later relist or event drops them."""
+    gc.freeze()
 
 
 def apply_event(state: ClusterState, kind: str, event_type: str, obj: Obj) -> None:
@@ -133,6 +142,7 @@ class Cache:
                     self.state.replace(src.kind, items)
                     if src.kind in ("slices", "classes"):
                         self.state.warm_views()  # the first prioritize call would build them all
+                settle_heap()
                 self._synced[src.kind].set()
                 if self._on_relist:
                     self._on_relist(src.kind)

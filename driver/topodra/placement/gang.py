@@ -34,6 +34,7 @@ INTENT_TTL = 30.0  # seconds: far longer than one gang cycle, short enough to fo
 MAX_INTENTS = 10_000
 
 Obj = dict[str, Any]
+NodeRule = Callable[[Sequence[Candidate]], list[tuple[str, int]]]  # candidates -> (node, 0..10), in order
 
 
 class Gangs:
@@ -64,12 +65,21 @@ class Gangs:
 
     def score(self, pod: Obj, pods: Pods, labels: dict[str, dict[str, str]],
               candidates: Sequence[Candidate], demands: Sequence[Demand], mix: Mix,
-              scorer: Scorer, hosts: Sequence[HostFit | None] | None = None) -> list[tuple[str, int]]:
+              scorer: Scorer, hosts: Sequence[HostFit | None] | None = None,
+              rule: NodeRule | None = None) -> list[tuple[str, int]]:
         """(node, 0..10) per candidate: the node rule alone when the pod is in no gang, no domain
         label is known, or the candidates already share one domain. ``hosts``: per candidate its free CPU
-        and memory for this pod (the scorer's CPU/memory-aware rule), or None."""
-        node_scores = scorer.score(candidates, demands, mix, hosts)
-        host_of = dict(zip((c[0] for c in candidates), hosts, strict=True)) if hosts is not None else None
+        and memory for this pod (the scorer's CPU/memory-aware rule), or None. ``rule``: the node rule over
+        some candidates when the caller has a faster one than ``scorer.score`` (``placement.bystate``)."""
+        if rule is None:
+            host_of = dict(zip((c[0] for c in candidates), hosts, strict=True)) if hosts is not None else None
+
+            def by_node(cs: Sequence[Candidate]) -> list[tuple[str, int]]:
+                cs_hosts = [host_of[c[0]] for c in cs] if host_of is not None else None
+                return scorer.score(cs, demands, mix, cs_hosts)
+
+            rule = by_node
+        node_scores = rule(candidates)
         self.last = None
         group = pod_group_name(pod)
         if not group or not demands:
@@ -97,5 +107,4 @@ class Gangs:
         self._remember(gang, choice)
         self.last = choice
         inside = [c for c in candidates if labels.get(c[0], {}).get(key) == choice.value]
-        inside_hosts = [host_of[c[0]] for c in inside] if host_of is not None else None
-        return in_domain_scores(node_scores, scorer.score(inside, demands, mix, inside_hosts), labels, choice)
+        return in_domain_scores(node_scores, rule(inside), labels, choice)

@@ -11,20 +11,25 @@ from collections.abc import Sequence
 from typing import Any
 
 from topodra.fleet.demand import Demand
-from topodra.fleet.hostfrag import HostFit, class_gpus
+from topodra.fleet.hostfrag import HostFit, HostJob, class_gpus
 from topodra.fleet.hostres import Share, pod_requests
 from topodra.fleet.state import ClusterState
+
+
+def host_job(pod: dict[str, Any], demands: Sequence[Demand]) -> HostJob:
+    """The pod's CPU and memory request and its per-GPU share (None when a claim's GPU count is unknown)."""
+    cpu, mem = pod_requests(pod)
+    gpus = sum(class_gpus(d) for d in demands)
+    share = Share.of(cpu, mem, gpus) if all(class_gpus(d) for d in demands) else None
+    return HostJob(pod_cpu=cpu, pod_memory=mem, share=share)
 
 
 def host_fits(state: ClusterState, pod: dict[str, Any], demands: Sequence[Demand],
               names: Sequence[str]) -> list[HostFit | None]:
     """One ``HostFit`` (or None) per candidate name, in order."""
-    cpu, mem = pod_requests(pod)
-    gpus = sum(class_gpus(d) for d in demands)
-    share = Share.of(cpu, mem, gpus) if all(class_gpus(d) for d in demands) else None
+    job = host_job(pod, demands)
     out: list[HostFit | None] = []
     for n in names:
         room = state.hosts.room(n)
-        out.append(None if room is None else HostFit(cpu_free=room.cpu_free, memory_free=room.memory_free,
-                                                     pod_cpu=cpu, pod_memory=mem, share=share))
+        out.append(None if room is None else job.on(room.cpu_free, room.memory_free))
     return out

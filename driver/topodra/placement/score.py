@@ -62,6 +62,7 @@ class Scorer(Fragmentation):
             self._place.clear()
             self._unusable.clear()
             self._ids.clear()
+            self.generation += 1
 
     def placement(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...],
                   mask: bytes | None = None) -> tuple[frozenset[int], Rank] | None:

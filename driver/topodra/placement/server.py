@@ -13,18 +13,23 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import repeat
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from topodra.fleet.domains import Candidate
 from topodra.fleet.fgd import Mix, make_mix
+from topodra.fleet.nodestates import NodeStates
+from topodra.fleet.pods import pod_group_name
+from topodra.placement.bystate import StateScorer
 from topodra.placement.cache import Cache
 from topodra.placement.gang import Gangs
-from topodra.placement.hostaware import host_fits
+from topodra.placement.hostaware import host_fits, host_job
 from topodra.placement.score import Scorer
 
 log = logging.getLogger(__name__)
@@ -51,7 +56,7 @@ def candidate_names(args: Mapping[str, Any]) -> list[str]:
     if names is None:  # nodeCacheCapable: false sends whole Node objects
         nodes = _field(args, "Nodes") or {}
         names = [((n.get("metadata") or {}).get("name")) for n in (nodes.get("items") or [])]
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, list) or not all(map(isinstance, names, repeat(str, len(names)))):
         raise BadRequest("NodeNames must be a list of node names")
     return names
 
@@ -77,12 +82,16 @@ class Placement:
     """Scores pods against the cache; owns the scorer's memo and the metrics."""
 
     def __init__(self, cache: Cache, prior: Mapping[int, float], prior_weight: float,
-                 registry: CollectorRegistry | None = None, host_aware: bool = True) -> None:
+                 registry: CollectorRegistry | None = None, host_aware: bool = True, by_state: bool = True) -> None:
         self.cache = cache
         self.host_aware = host_aware  # count nodes' free CPU and memory (fleet.hostfrag)
         self.prior = dict(prior)
         self.prior_weight = prior_weight
         self.scorer = Scorer()
+        # Scores per node state, not per node (placement.bystate); False: every pod takes the per-node path
+        # (the reference the fast path is tested against, and what gangs and CEL selectors always take).
+        self.by_state = by_state
+        self.states = StateScorer(self.scorer, NodeStates(cache.state))
         self.gangs = Gangs()  # pods of a PodGroup: the fabric domain first (placement.gang)
         # The request mix changes only when a claim arrives or the classes change: build it then,
         # not on every call (hashing 200 recent claims per call was most of a call's time).
@@ -116,12 +125,28 @@ class Placement:
                 mix = make_mix(self.prior, self.prior_weight, state.observed_mix(), state.driver, known)
                 self._mix = ((state.mix_version, known), mix)
             mix = self._mix[1]
+            by_state = self.by_state and not any(d.has_selectors for d in demands)
+            job = host_job(pod, demands) if by_state and self.host_aware and demands else None
+            if by_state and not pod_group_name(pod):
+                fast = self.states.score(names, demands, mix, job)
+                self.gangs.last = None
+                return [{"Host": n, "Score": s} for n, s in zip(names, fast, strict=True)]
             cands = []
             for n in names:
                 view = state.node_view(n)
                 cands.append((n, view, state.unavailable_indices(view) if view is not None else frozenset()))
-            hosts = host_fits(state, pod, demands, names) if self.host_aware and demands else None
-            scores = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer, hosts)
+            if by_state:  # a gang's pod: the domain rule per node, the node rule per state
+
+                def rule(cs: Sequence[Candidate]) -> list[tuple[str, int]]:
+                    ns = [c[0] for c in cs]
+                    return list(zip(ns, self.states.score(ns, demands, mix, job), strict=True))
+
+                scores = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer,
+                                          rule=rule)
+            else:
+                hosts = host_fits(state, pod, demands, names) if self.host_aware and demands else None
+                scores = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer,
+                                          hosts)
         return [{"Host": n, "Score": s} for n, s in scores]
 
 
