@@ -383,15 +383,15 @@ class Kube:
         query: dict[str, str] = {"limit": "500"}
         if field_selector:
             query["fieldSelector"] = field_selector
-        items: tuple[Obj, ...] = ()
+        items: list[Obj] = []  # one list for all pages: tuple += tuple copied every page again
         version = ""
         while True:
             page = self.request("GET", path, query=query)
-            items += tuple(page.get("items") or ())
+            items.extend(page.get("items") or ())
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion", ""))
             if not meta.get("continue"):
-                return items, version
+                return tuple(items), version
             query["continue"] = str(meta["continue"])
 
     def watch(self, path: str, resource_version: str, timeout_seconds: int = 300,

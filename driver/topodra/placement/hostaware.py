@@ -1,8 +1,9 @@
 """The scorer's CPU/memory input for one pod: per candidate node, its free CPU and memory and the pod's
 per-GPU share (``fleet.hostfrag``). Pure over the cache's state.
 
-A node whose allocatable the scorer has not seen gets None (GPU-only scoring there); so does every node
-when the pod's claims ask for no countable GPUs.
+A node whose allocatable the scorer has not seen gets None (GPU-only scoring there). When the pod's claims
+ask for no countable GPUs, every seen node still gets a fit, with no per-GPU share (``share`` None): a node
+whose free CPU or memory cannot hold the pod still does not fit, and fragmentation there is GPU-only.
 """
 
 from __future__ import annotations
