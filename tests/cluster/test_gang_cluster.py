@@ -11,15 +11,12 @@ TopologyAwareWorkloadScheduling on) decides; the tests read where the pods were 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from test_scheduling_topology import Scenario
+from testkit.controllerproc import controller_process
 from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
 
@@ -46,21 +43,8 @@ def gang_cluster(workload_cluster: ClusterHandle) -> ClusterHandle:
 @contextlib.contextmanager
 def controller(sc: Scenario) -> Iterator[None]:
     """The real controller process, watching only the scenario's namespace, refreshing every 2 s."""
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOG_DIR / f"{sc.ns}.log", "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "topodra.cli", "controller", "--kubeconfig", sc.cluster.kubeconfig,
-             "--namespace", sc.ns, "--refresh-interval", "2", "--lease-namespace", sc.ns, "--identity", "gang"],
-            stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            yield
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    with controller_process(sc.cluster.kubeconfig, sc.ns, "gang", LOG_DIR / f"{sc.ns}.log"):
+        yield
 
 
 def labels(**roles: tuple[str, str]) -> dict[str, dict[str, str]]:

@@ -12,15 +12,12 @@ again. Counts are read relative to the first status, so nodes other tests of the
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from test_scheduling_topology import Scenario, scenario_maker
+from testkit.controllerproc import controller_process
 from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
 
@@ -44,21 +41,8 @@ def scenarios(cluster: ClusterHandle) -> Iterator[Callable[..., Scenario]]:
 @contextlib.contextmanager
 def controller(sc: Scenario) -> Iterator[None]:
     """The real controller process, watching only the scenario's namespace, refreshing every 2 s."""
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOG_DIR / f"{sc.ns}.log", "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "topodra.cli", "controller", "--kubeconfig", sc.cluster.kubeconfig,
-             "--namespace", sc.ns, "--refresh-interval", "2", "--lease-namespace", sc.ns, "--identity", "hostfit"],
-            stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            yield
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    with controller_process(sc.cluster.kubeconfig, sc.ns, "hostfit", LOG_DIR / f"{sc.ns}.log"):
+        yield
 
 
 def status(sc: Scenario) -> Obj:

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_plugin_e2e import env_of, pod_claim, wait_phase
+from testkit.controllerproc import controller_process
 from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
 from testkit.pluginproc import CDI_ROOT, PluginProcess
@@ -55,20 +52,8 @@ def gang_plugin(workload_node_cluster: ClusterHandle, tmp_path_factory: pytest.T
 
 @contextlib.contextmanager
 def controller(nc: ClusterHandle, ns: str) -> Iterator[None]:
-    with open(nc.lc.logs / f"topodra-controller-{ns}.log", "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "topodra.cli", "controller", "--kubeconfig", nc.kubeconfig, "--namespace", ns,
-             "--refresh-interval", "2", "--lease-namespace", ns, "--identity", "gang-node"],
-            stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            yield
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    with controller_process(nc.kubeconfig, ns, "gang-node", nc.lc.logs / f"topodra-controller-{ns}.log"):
+        yield
 
 
 def test_local_gang_pod_is_prepared_by_our_plugin(workload_node_cluster: ClusterHandle,
