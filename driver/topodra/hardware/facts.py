@@ -138,6 +138,42 @@ class SysfsTree(BaseModel):
             os.symlink(os.path.relpath(os.path.join(root, target), os.path.dirname(p)), p)
 
 
+TREE_PREFIX = "topodra-sysfs-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_trees(parent: str) -> list[str]:
+    """Remove the shared trees of processes that are gone; returns the names removed.
+
+    ``atexit`` never runs for a process killed with SIGKILL (the crash tests do that to plugins), so without
+    this their trees stayed in /dev/shm for good: 554 of them on one test machine. A tree is named
+    ``topodra-sysfs-<pid>-<random>``; one whose pid answers (alive, or another user's) is left alone, and so
+    is every name of another shape.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name[len(TREE_PREFIX):].split("-") if name.startswith(TREE_PREFIX) else []
+        if len(parts) != 2 or not parts[0].isdigit() or int(parts[0]) == os.getpid():
+            continue
+        if not _pid_alive(int(parts[0])):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
 class _SharedTrees:
     """Trees written once per process and content, below one temporary folder removed at exit.
 
@@ -159,8 +195,9 @@ class _SharedTrees:
                     # In memory where possible, like the real sysfs: on a busy disk, writing the
                     # trees of a 3-profile cluster took 1.4-2 s on ext4 and 0.02-0.06 s on tmpfs.
                     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-                    self._base = tempfile.mkdtemp(prefix="topodra-sysfs-", dir=shm)
+                    self._base = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-", dir=shm)
                     atexit.register(shutil.rmtree, self._base, True)
+                    sweep_dead_trees(os.path.dirname(self._base))
                 root = os.path.join(self._base, key)
                 tree.materialize(root)
                 self._roots[key] = root
