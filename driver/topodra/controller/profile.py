@@ -19,6 +19,16 @@ from topodra.apipaths import PROFILE_VERSION as VERSION
 from topodra.controller.gangspec import MAX_PODS, AcrossNodes
 from topodra.selectors import parse_quantity
 
+
+def positive_quantity(field: str, value: str) -> None:
+    """``value`` is a Kubernetes quantity above zero, else a ValueError that names ``field``."""
+    try:
+        amount = parse_quantity(value)
+    except ValueError as e:
+        raise ValueError(f"{field}: {e}") from None
+    if amount <= 0:
+        raise ValueError(f"{field}: {value!r} must be positive")
+
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ClaimProfile"
 
@@ -53,12 +63,7 @@ class Alternative(BaseModel):
         for key, value in (self.capacity or {}).items():
             if not DNS_LABEL.match(key):
                 raise ValueError(f"capacity name {key!r} must be a DNS label (e.g. memory)")
-            try:
-                amount = parse_quantity(value)
-            except ValueError as e:
-                raise ValueError(f"capacity {key}: {e}") from None
-            if amount <= 0:
-                raise ValueError(f"capacity {key}: {value!r} must be positive")
+            positive_quantity(f"capacity {key}", value)
         if self.name is not None and not DNS_LABEL.match(self.name):
             raise ValueError(f"name {self.name!r} must be a DNS label (lowercase letters, digits, '-')")
         if not DNS_SUBDOMAIN.match(self.device_class_name):
@@ -115,12 +120,7 @@ class PodRequests(BaseModel):
         for key, value in (("cpu", self.cpu), ("memory", self.memory)):
             if value is None:
                 continue
-            try:
-                amount = parse_quantity(value)
-            except ValueError as e:
-                raise ValueError(f"podRequests.{key}: {e}") from None
-            if amount <= 0:
-                raise ValueError(f"podRequests.{key}: {value!r} must be positive")
+            positive_quantity(f"podRequests.{key}", value)
         return self
 
 

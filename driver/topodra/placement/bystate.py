@@ -91,6 +91,17 @@ class StateScorer:
         ids = list(map(table.get, names))  # None: the node publishes none of our devices (score 0)
         vectors = self._vectors
         frag: dict[int, float] = {}
+
+        def weighted(vector_id: int) -> float:
+            """F of one fragment vector under this call's mix, summed in the mix's order; once per vector."""
+            f = frag.get(vector_id)
+            if f is None:
+                f, v = 0.0, vectors[vector_id]
+                for p, k in zip(ps, order, strict=True):
+                    f += p * v[k]
+                frag[vector_id] = f
+            return f
+
         costs: dict[int, tuple[Rank, float]] = {}
         for s in set(ids):
             if s is None:
@@ -102,19 +113,7 @@ class StateScorer:
             if e is None:
                 continue
             rank, before, after, best_fit = e
-            fa = frag.get(after)
-            if fa is None:
-                fa, v = 0.0, vectors[after]
-                for p, k in zip(ps, order, strict=True):
-                    fa += p * v[k]
-                frag[after] = fa
-            fb = frag.get(before)
-            if fb is None:
-                fb, v = 0.0, vectors[before]
-                for p, k in zip(ps, order, strict=True):
-                    fb += p * v[k]
-                frag[before] = fb
-            costs[s] = (rank, (fa - fb) + best_fit)
+            costs[s] = (rank, (weighted(after) - weighted(before)) + best_fit)
         if not costs:
             return [0] * len(names)
         best = min(rank for rank, _c in costs.values())
