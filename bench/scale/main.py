@@ -3,8 +3,9 @@
 One run measures each row at every size of ``--sizes`` (default 64, 256, 512, 1,024, 2,048 nodes: the first
 N nodes of ``hack/clusters/superpod-16k.yaml``, whole scalable units, four GPU models). Per size a private
 local cluster (``testkit.cluster.Cluster.private``: own state, free ports, its own lock, so it never waits for
-a test session) is started, measured and always torn down; the scheduler row starts its own clusters
-(``bench/schedule_throughput``'s scenario runner) because it needs a stopped scheduler and fresh nodes.
+a test session) is started, measured and always torn down; the scheduler row starts one more per size
+(``bench/schedule_throughput``'s ``Bed``: DGX-H100 nodes, a scheduler held stopped between variants) and
+runs its four variants on it.
 
 Rows (``--rows``):
 
@@ -369,23 +370,44 @@ def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, w
             "plugin_watch_renewals_per_hour": 3600 / (sum(WATCH_TIMEOUT_S) / 2)}
 
 
+# The scheduler row's variants in the order they run on one cluster: each target's two variants run back to
+# back (stripped, full: the attribute cost; full, full + scorer: the scorer's), with two slice switches.
+SCHEDULER_VARIANTS = (("stripped", False), ("full", False), ("full", True), ("stripped", True))
+
+
 def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:
-    from bench.schedule_throughput.main import run_scenario, template_devices
+    """The four variants on one private cluster of ``n`` nodes (``bench/schedule_throughput``'s ``Bed``)."""
+    from bench.placement.main import BenchError
+    from bench.schedule_throughput.main import run_variants, template_devices
 
     args = SimpleNamespace(nodes=n, one_gpu_pods=n, eight_gpu_pods=max(1, n // 8), seed=seed, scheduler_qps=qps,
                            stall=60.0, timeout=1200.0)
-    devices = template_devices()
-    out: dict[str, Any] = {"one_gpu_pods": n, "eight_gpu_pods": args.eight_gpu_pods}
-    for scenario in ("full", "stripped"):
-        for scorer in (False, True):
-            r = run_scenario(args, scenario, scorer, devices)  # type: ignore[arg-type]
-            key = f"{scenario}{'_scorer' if scorer else ''}"
-            out[f"{key}_pods_per_s"] = r.pods_per_s
-            out[f"{key}_scheduled"] = r.scheduled
-            out[f"{key}_prioritize_p99_ms"] = r.scorer_latency.get("p99_ms")
+    t0 = time.monotonic()
+    try:
+        results = run_variants(args, SCHEDULER_VARIANTS, template_devices())  # type: ignore[arg-type]
+    except BenchError as e:
+        raise ScaleError(f"scheduler row at {n} nodes: {e}") from None
+    out: dict[str, Any] = {"one_gpu_pods": n, "eight_gpu_pods": args.eight_gpu_pods, "pods": results[0].pods,
+                           "order": [f"{sc}{'_scorer' if on else ''}" for sc, on in SCHEDULER_VARIANTS]}
+    for r in results:
+        key = f"{r.scenario}{'_scorer' if r.scorer else ''}"
+        out[f"{key}_pods_per_s"] = r.pods_per_s
+        out[f"{key}_scheduled"] = r.scheduled
+        out[f"{key}_attempt_ms"] = r.mean_attempt_ms
+        out[f"{key}_gpu_attributes"] = r.gpu_attributes
+        out[f"{key}_cpu_ms_per_pod"] = r.cpu_ms_per_pod
+        out[f"{key}_prioritize_p50_ms"] = r.scorer_latency.get("p50_ms")
+        out[f"{key}_prioritize_p99_ms"] = r.scorer_latency.get("p99_ms")
     full, stripped = out["full_pods_per_s"], out["stripped_pods_per_s"]
-    out["stripped_ratio"] = full / stripped if stripped else None
-    out["scorer_ratio"] = out["full_scorer_pods_per_s"] / full if full else None
+    out["stripped_ratio"] = full / stripped if stripped == stripped and stripped else None
+    out["scorer_ratio"] = out["full_scorer_pods_per_s"] / full if full == full and full else None
+    # The same two ratios in kube-scheduler's CPU per pod, which the load of a shared machine hardly moves.
+    cpu = {k: out[f"{k}_cpu_ms_per_pod"].get("scheduler") for k in ("full", "stripped", "full_scorer")}
+    out["cpu_stripped_ratio"] = cpu["stripped"] / cpu["full"] if cpu["full"] and cpu["stripped"] else None
+    out["cpu_scorer_ratio"] = cpu["full"] / cpu["full_scorer"] if cpu["full"] and cpu["full_scorer"] else None
+    out["wall_s"] = time.monotonic() - t0
+    log(f"{n} nodes: scheduler row in {out['wall_s']:.0f}s: full {full:.1f}, stripped {stripped:.1f}, "
+        f"full + scorer {out['full_scorer_pods_per_s']:.1f} pods/s")
     return out
 
 
@@ -475,8 +497,8 @@ def markdown(results: Sequence[Mapping[str, Any]], fits: Mapping[str, Any], chec
         lines.append(f"| {row} {metric} | " + " | ".join(cells) + " | "
                      + (f"{fit['exponent']:.2f} | {'yes' if fit['at_most_linear'] else 'NO'} |" if fit else "- | - |"))
     sched = [r for r in results if "scheduler" in r]
-    for metric in ("full_pods_per_s", "full_scorer_pods_per_s", "stripped_pods_per_s", "stripped_ratio",
-                   "scorer_ratio"):
+    for metric in ("full_pods_per_s", "full_scorer_pods_per_s", "stripped_pods_per_s", "stripped_scorer_pods_per_s",
+                   "stripped_ratio", "scorer_ratio", "cpu_stripped_ratio", "cpu_scorer_ratio", "wall_s"):
         if sched:
             vals = {r["nodes"]: r["scheduler"].get(metric) for r in sched}
             lines.append(f"| scheduler {metric} | " + " | ".join(
