@@ -375,13 +375,13 @@ def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, w
 SCHEDULER_VARIANTS = (("stripped", False), ("full", False), ("full", True), ("stripped", True))
 
 
-def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:
+def run_scheduler(n: int, seed: int, qps: int, pprof_dir: Path | None = None) -> dict[str, Any]:
     """The four variants on one private cluster of ``n`` nodes (``bench/schedule_throughput``'s ``Bed``)."""
     from bench.placement.main import BenchError
     from bench.schedule_throughput.main import run_variants, template_devices
 
     args = SimpleNamespace(nodes=n, one_gpu_pods=n, eight_gpu_pods=max(1, n // 8), seed=seed, scheduler_qps=qps,
-                           stall=60.0, timeout=1200.0)
+                           stall=60.0, timeout=1200.0, pprof_dir=pprof_dir, pprof_seconds=20)
     t0 = time.monotonic()
     try:
         results = run_variants(args, SCHEDULER_VARIANTS, template_devices())  # type: ignore[arg-type]
@@ -452,7 +452,8 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                 os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "bench-logs"))
                 lc.down(quiet=True, keep_logs=True)
     if "scheduler" in rows:
-        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps)
+        pprof = Path(args.scheduler_pprof_dir) if args.scheduler_pprof_dir else None
+        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps, pprof)
     return out
 
 
@@ -549,6 +550,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scorer-calls", type=int, default=300)
     p.add_argument("--publisher-window", type=float, default=60.0, help="seconds of steady state counted")
     p.add_argument("--scheduler-qps", type=int, default=500)
+    p.add_argument("--scheduler-pprof-dir", default=None,
+                   help="write kube-scheduler's CPU profile (first 20 s) of each scheduler variant here")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="", help="result file label")
     p.add_argument("--out-dir", default=None, help="where JSON, Markdown and PNGs go (default bench/results/scale)")

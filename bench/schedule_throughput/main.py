@@ -31,7 +31,9 @@ import os
 import platform
 import random
 import sys
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -301,6 +303,9 @@ class Bed:
         self.lc = localcluster.Cluster.private(INSTANCE)
         # Stock scoring, the queue settings of bench/placement; the client QPS of --scheduler-qps.
         self.cfg = pm.scheduler_config("b", client={"qps": args.scheduler_qps, "burst": 2 * args.scheduler_qps})
+        self.pprof_dir = Path(args.pprof_dir) if getattr(args, "pprof_dir", None) else None
+        if self.pprof_dir is not None:
+            self.cfg["enableProfiling"] = True  # /debug/pprof on the secure port, for the admin
         self.uids: dict[str, str] = {}
         self.stripped: bool | None = None
         self.setup_s = math.nan
@@ -349,6 +354,28 @@ class Bed:
             log(f"slices of {len(self.uids)} nodes made {'stripped' if stripped else 'full'} "
                 f"in {time.monotonic() - t0:.0f}s")
 
+    def start_profile(self, name: str) -> threading.Thread | None:
+        """With ``args.pprof_dir``: kube-scheduler's CPU profile of the first ``args.pprof_seconds`` of
+        scheduling (Go's pprof format; ``go tool pprof -top FILE``), fetched in the background."""
+        if self.pprof_dir is None:
+            return None
+        out = self.pprof_dir / f"{self.args.nodes}-{name}.pprof"
+        url = f"https://127.0.0.1:{self.lc.ports.scheduler}/debug/pprof/profile?seconds={self.args.pprof_seconds}"
+
+        def fetch() -> None:
+            try:
+                with urllib.request.urlopen(url, context=self.lc._scheduler_ssl(),
+                                            timeout=self.args.pprof_seconds + 60) as r:
+                    out.write_bytes(r.read())
+                log(f"scheduler CPU profile: {out}")
+            except OSError as e:
+                log(f"scheduler CPU profile failed: {e}")
+
+        self.pprof_dir.mkdir(parents=True, exist_ok=True)
+        t = threading.Thread(target=fetch, daemon=True)
+        t.start()
+        return t
+
     def gpu_attributes(self) -> int:
         """How many attributes the first node's first GPU has as stored: the slice form really in effect."""
         node = next(iter(self.uids))
@@ -382,6 +409,7 @@ class Bed:
             pids = {"scheduler": running.get("kube-scheduler"), "apiserver": running.get("kube-apiserver"),
                     "scorer": env.scorer.pid if env.scorer is not None else None}
             cpu: list[list[float]] = [[process_cpu(p) for p in pids.values()]]
+            profiler = self.start_profile(f"{scenario}{'-scorer' if scorer else ''}")
             last_change, last = time.monotonic(), -1.0
             while True:
                 m = parse_metrics(lc.scheduler_metrics())
@@ -394,6 +422,8 @@ class Bed:
                 if done >= len(sizes) or now - last_change > args.stall or now - t_start > args.timeout:
                     break
                 time.sleep(0.25)
+            if profiler is not None:
+                profiler.join()
             pid = lc.running().get("kube-scheduler")
             if pid:
                 lc._stop("kube-scheduler", pid)
@@ -448,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="kube-scheduler's client QPS (burst twice that); Kubernetes' default is 50")
     p.add_argument("--stall", type=float, default=30, help="stop when nothing was scheduled for this long")
     p.add_argument("--timeout", type=float, default=600, help="seconds one scenario may schedule")
+    p.add_argument("--pprof-dir", help="write kube-scheduler's CPU profile of each variant here")
+    p.add_argument("--pprof-seconds", type=int, default=20, help="how long each profile samples")
     p.add_argument("--out", help="JSON file (default bench/results/schedule_throughput/<UTC time>.json)")
     p.add_argument("--lock-timeout", type=float, default=3600)
     args = p.parse_args(argv)
