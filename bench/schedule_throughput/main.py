@@ -33,6 +33,7 @@ import random
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Sequence
@@ -412,7 +413,15 @@ class Bed:
             profiler = self.start_profile(f"{scenario}{'-scorer' if scorer else ''}")
             last_change, last = time.monotonic(), -1.0
             while True:
-                m = parse_metrics(lc.scheduler_metrics())
+                try:
+                    text = lc.scheduler_metrics()
+                except urllib.error.HTTPError as e:
+                    # Healthy before its delegated authentication has read the client CA: 401/403 for a moment.
+                    if e.code not in (401, 403) or time.monotonic() - t_start > 60:
+                        raise
+                    time.sleep(0.1)
+                    continue
+                m = parse_metrics(text)
                 done = metric_sum(m, "scheduler_schedule_attempts_total", result="scheduled")
                 now = time.monotonic()
                 samples.append((now - t_start, done))
