@@ -375,19 +375,23 @@ def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, w
 SCHEDULER_VARIANTS = (("stripped", False), ("full", False), ("full", True), ("stripped", True))
 
 
-def run_scheduler(n: int, seed: int, qps: int, pprof_dir: Path | None = None) -> dict[str, Any]:
-    """The four variants on one private cluster of ``n`` nodes (``bench/schedule_throughput``'s ``Bed``)."""
+def run_scheduler(n: int, seed: int, qps: int, pprof_dir: Path | None = None, max_pods: int = 512) -> dict[str, Any]:
+    """The four variants on one private cluster of ``n`` nodes (``bench/schedule_throughput``'s ``Bed``):
+    ``min(n, max_pods)`` 1-GPU pods and an eighth as many 8-GPU pods each. kube-scheduler's CPU per pod
+    grows with the nodes it filters (58 ms at 512 nodes, 2026-12-02), so N pods on N nodes would make the
+    row quadratic (about an hour at 2,048 nodes); the cap keeps it near linear."""
     from bench.placement.main import BenchError
     from bench.schedule_throughput.main import run_variants, template_devices
 
-    args = SimpleNamespace(nodes=n, one_gpu_pods=n, eight_gpu_pods=max(1, n // 8), seed=seed, scheduler_qps=qps,
+    one = min(n, max_pods)
+    args = SimpleNamespace(nodes=n, one_gpu_pods=one, eight_gpu_pods=max(1, one // 8), seed=seed, scheduler_qps=qps,
                            stall=60.0, timeout=1200.0, pprof_dir=pprof_dir, pprof_seconds=20)
     t0 = time.monotonic()
     try:
         results = run_variants(args, SCHEDULER_VARIANTS, template_devices())  # type: ignore[arg-type]
     except BenchError as e:
         raise ScaleError(f"scheduler row at {n} nodes: {e}") from None
-    out: dict[str, Any] = {"one_gpu_pods": n, "eight_gpu_pods": args.eight_gpu_pods, "pods": results[0].pods,
+    out: dict[str, Any] = {"one_gpu_pods": one, "eight_gpu_pods": args.eight_gpu_pods, "pods": results[0].pods,
                            "order": [f"{sc}{'_scorer' if on else ''}" for sc, on in SCHEDULER_VARIANTS]}
     for r in results:
         key = f"{r.scenario}{'_scorer' if r.scorer else ''}"
@@ -453,7 +457,7 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                 lc.down(quiet=True, keep_logs=True)
     if "scheduler" in rows:
         pprof = Path(args.scheduler_pprof_dir) if args.scheduler_pprof_dir else None
-        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps, pprof)
+        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps, pprof, args.scheduler_pods)
     return out
 
 
@@ -550,6 +554,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scorer-calls", type=int, default=300)
     p.add_argument("--publisher-window", type=float, default=60.0, help="seconds of steady state counted")
     p.add_argument("--scheduler-qps", type=int, default=500)
+    p.add_argument("--scheduler-pods", type=int, default=512,
+                   help="the scheduler row's 1-GPU pods per size: min(nodes, this); 8-GPU pods an eighth of that")
     p.add_argument("--scheduler-pprof-dir", default=None,
                    help="write kube-scheduler's CPU profile (first 20 s) of each scheduler variant here")
     p.add_argument("--seed", type=int, default=1)

@@ -188,7 +188,7 @@ class Result:
     scorer_latency: dict[str, float]
     samples: list[tuple[float, float]]
     gpu_attributes: int = 0  # attributes of a GPU in the slices the variant ran on (read back from the API)
-    # CPU ms per pod scheduled (10-90% window) of kube-scheduler, kube-apiserver and the scorer.
+    # CPU ms per pod scheduled (10-90% window) of kube-scheduler, kube-apiserver, the scorer and this process.
     cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
 
 
@@ -408,7 +408,8 @@ class Bed:
             lc.restart_scheduler(self.cfg, extender)
             running = lc.running()
             pids = {"scheduler": running.get("kube-scheduler"), "apiserver": running.get("kube-apiserver"),
-                    "scorer": env.scorer.pid if env.scorer is not None else None}
+                    "scorer": env.scorer.pid if env.scorer is not None else None,
+                    "bench": os.getpid()}  # this sampling loop's own share of the 2 cores
             cpu: list[list[float]] = [[process_cpu(p) for p in pids.values()]]
             profiler = self.start_profile(f"{scenario}{'-scorer' if scorer else ''}")
             last_change, last = time.monotonic(), -1.0
