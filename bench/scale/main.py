@@ -3,8 +3,9 @@
 One run measures each row at every size of ``--sizes`` (default 64, 256, 512, 1,024, 2,048 nodes: the first
 N nodes of ``hack/clusters/superpod-16k.yaml``, whole scalable units, four GPU models). Per size a private
 local cluster (``testkit.cluster.Cluster.private``: own state, free ports, its own lock, so it never waits for
-a test session) is started, measured and always torn down; the scheduler row starts its own clusters
-(``bench/schedule_throughput``'s scenario runner) because it needs a stopped scheduler and fresh nodes.
+a test session) is started, measured and always torn down; the scheduler row starts one more per size
+(``bench/schedule_throughput``'s ``Bed``: DGX-H100 nodes, a scheduler held stopped between variants) and
+runs its four variants on it.
 
 Rows (``--rows``):
 
@@ -369,23 +370,48 @@ def run_publisher(lc: localcluster.Cluster, cluster: SimulatedCluster, n: int, w
             "plugin_watch_renewals_per_hour": 3600 / (sum(WATCH_TIMEOUT_S) / 2)}
 
 
-def run_scheduler(n: int, seed: int, qps: int) -> dict[str, Any]:
-    from bench.schedule_throughput.main import run_scenario, template_devices
+# The scheduler row's variants in the order they run on one cluster: each target's two variants run back to
+# back (stripped, full: the attribute cost; full, full + scorer: the scorer's), with two slice switches.
+SCHEDULER_VARIANTS = (("stripped", False), ("full", False), ("full", True), ("stripped", True))
 
-    args = SimpleNamespace(nodes=n, one_gpu_pods=n, eight_gpu_pods=max(1, n // 8), seed=seed, scheduler_qps=qps,
-                           stall=60.0, timeout=1200.0)
-    devices = template_devices()
-    out: dict[str, Any] = {"one_gpu_pods": n, "eight_gpu_pods": args.eight_gpu_pods}
-    for scenario in ("full", "stripped"):
-        for scorer in (False, True):
-            r = run_scenario(args, scenario, scorer, devices)  # type: ignore[arg-type]
-            key = f"{scenario}{'_scorer' if scorer else ''}"
-            out[f"{key}_pods_per_s"] = r.pods_per_s
-            out[f"{key}_scheduled"] = r.scheduled
-            out[f"{key}_prioritize_p99_ms"] = r.scorer_latency.get("p99_ms")
+
+def run_scheduler(n: int, seed: int, qps: int, pprof_dir: Path | None = None, max_pods: int = 512) -> dict[str, Any]:
+    """The four variants on one private cluster of ``n`` nodes (``bench/schedule_throughput``'s ``Bed``):
+    ``min(n, max_pods)`` 1-GPU pods and an eighth as many 8-GPU pods each. kube-scheduler's CPU per pod
+    grows with the nodes it filters (58 ms at 512 nodes, 2026-12-02), so N pods on N nodes would make the
+    row quadratic (about an hour at 2,048 nodes); the cap keeps it near linear."""
+    from bench.placement.main import BenchError
+    from bench.schedule_throughput.main import run_variants, template_devices
+
+    one = min(n, max_pods)
+    args = SimpleNamespace(nodes=n, one_gpu_pods=one, eight_gpu_pods=max(1, one // 8), seed=seed, scheduler_qps=qps,
+                           stall=60.0, timeout=1200.0, pprof_dir=pprof_dir, pprof_seconds=20)
+    t0 = time.monotonic()
+    try:
+        results = run_variants(args, SCHEDULER_VARIANTS, template_devices())  # type: ignore[arg-type]
+    except BenchError as e:
+        raise ScaleError(f"scheduler row at {n} nodes: {e}") from None
+    out: dict[str, Any] = {"one_gpu_pods": one, "eight_gpu_pods": args.eight_gpu_pods, "pods": results[0].pods,
+                           "order": [f"{sc}{'_scorer' if on else ''}" for sc, on in SCHEDULER_VARIANTS]}
+    for r in results:
+        key = f"{r.scenario}{'_scorer' if r.scorer else ''}"
+        out[f"{key}_pods_per_s"] = r.pods_per_s
+        out[f"{key}_scheduled"] = r.scheduled
+        out[f"{key}_attempt_ms"] = r.mean_attempt_ms
+        out[f"{key}_gpu_attributes"] = r.gpu_attributes
+        out[f"{key}_cpu_ms_per_pod"] = r.cpu_ms_per_pod
+        out[f"{key}_prioritize_p50_ms"] = r.scorer_latency.get("p50_ms")
+        out[f"{key}_prioritize_p99_ms"] = r.scorer_latency.get("p99_ms")
     full, stripped = out["full_pods_per_s"], out["stripped_pods_per_s"]
-    out["stripped_ratio"] = full / stripped if stripped else None
-    out["scorer_ratio"] = out["full_scorer_pods_per_s"] / full if full else None
+    out["stripped_ratio"] = full / stripped if stripped == stripped and stripped else None
+    out["scorer_ratio"] = out["full_scorer_pods_per_s"] / full if full == full and full else None
+    # The same two ratios in kube-scheduler's CPU per pod, which the load of a shared machine hardly moves.
+    cpu = {k: out[f"{k}_cpu_ms_per_pod"].get("scheduler") for k in ("full", "stripped", "full_scorer")}
+    out["cpu_stripped_ratio"] = cpu["stripped"] / cpu["full"] if cpu["full"] and cpu["stripped"] else None
+    out["cpu_scorer_ratio"] = cpu["full"] / cpu["full_scorer"] if cpu["full"] and cpu["full_scorer"] else None
+    out["wall_s"] = time.monotonic() - t0
+    log(f"{n} nodes: scheduler row in {out['wall_s']:.0f}s: full {full:.1f}, stripped {stripped:.1f}, "
+        f"full + scorer {out['full_scorer_pods_per_s']:.1f} pods/s")
     return out
 
 
@@ -430,7 +456,8 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                 os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "bench-logs"))
                 lc.down(quiet=True, keep_logs=True)
     if "scheduler" in rows:
-        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps)
+        pprof = Path(args.scheduler_pprof_dir) if args.scheduler_pprof_dir else None
+        out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps, pprof, args.scheduler_pods)
     return out
 
 
@@ -475,8 +502,8 @@ def markdown(results: Sequence[Mapping[str, Any]], fits: Mapping[str, Any], chec
         lines.append(f"| {row} {metric} | " + " | ".join(cells) + " | "
                      + (f"{fit['exponent']:.2f} | {'yes' if fit['at_most_linear'] else 'NO'} |" if fit else "- | - |"))
     sched = [r for r in results if "scheduler" in r]
-    for metric in ("full_pods_per_s", "full_scorer_pods_per_s", "stripped_pods_per_s", "stripped_ratio",
-                   "scorer_ratio"):
+    for metric in ("full_pods_per_s", "full_scorer_pods_per_s", "stripped_pods_per_s", "stripped_scorer_pods_per_s",
+                   "stripped_ratio", "scorer_ratio", "cpu_stripped_ratio", "cpu_scorer_ratio", "wall_s"):
         if sched:
             vals = {r["nodes"]: r["scheduler"].get(metric) for r in sched}
             lines.append(f"| scheduler {metric} | " + " | ".join(
@@ -527,6 +554,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scorer-calls", type=int, default=300)
     p.add_argument("--publisher-window", type=float, default=60.0, help="seconds of steady state counted")
     p.add_argument("--scheduler-qps", type=int, default=500)
+    p.add_argument("--scheduler-pods", type=int, default=512,
+                   help="the scheduler row's 1-GPU pods per size: min(nodes, this); 8-GPU pods an eighth of that")
+    p.add_argument("--scheduler-pprof-dir", default=None,
+                   help="write kube-scheduler's CPU profile (first 20 s) of each scheduler variant here")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="", help="result file label")
     p.add_argument("--out-dir", default=None, help="where JSON, Markdown and PNGs go (default bench/results/scale)")

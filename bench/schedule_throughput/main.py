@@ -1,12 +1,14 @@
 """``bench/run schedule_throughput``: kube-scheduler pods/s with DRA claims on 500 simulated nodes x 8 GPUs.
 
-Per scenario a fresh local cluster (``hack/testkit/cluster.py``) gets 500 kubelet-less nodes, each with
-one DGX-H100 pool (8 GPUs + 8 NICs) cloned from one run of the real mock discovery. Then, with
-kube-scheduler stopped, the benchmark creates the ResourceClaims and pods (1-GPU claims and
-8-GPU NVLink claims, interleaved in a seeded order), starts kube-scheduler again and samples its
-``scheduler_schedule_attempts_total{result="scheduled"}`` counter. Throughput is the slope
-between 10% and 90% of the pods scheduled (scheduler_perf reports the same kind of number: its
-DRA thresholds are 40-120 pods/s on CI hardware with 500 nodes).
+One local private cluster (``hack/testkit/cluster.py``) gets 500 kubelet-less nodes, created Ready, each with
+one DGX-H100 pool (8 GPUs + 8 NICs) cloned from one run of the real mock discovery. Every variant (scenario,
+with or without the scorer) then runs on it in turn (``Bed``): with kube-scheduler stopped, the previous
+variant's claims and pods are deleted, the slices put in the scenario's form, and the ResourceClaims and pods
+(1-GPU claims and 8-GPU NVLink claims, interleaved in a seeded order) created; kube-scheduler is started
+again and its ``scheduler_schedule_attempts_total{result="scheduled"}`` counter sampled. Throughput is the
+slope between 10% and 90% of the pods scheduled (scheduler_perf reports the same kind of number: its DRA
+thresholds are 40-120 pods/s on CI hardware with 500 nodes). Until 2026-12-02 each variant started a fresh
+cluster; a restarted kube-scheduler (and scorer) lists everything again, so what it sees is the same.
 
 Claims are created up front by the benchmark, so kube-controller-manager's claim creation (about 11
 claims/s at its default client QPS) is not measured; kube-scheduler's own client is left at its
@@ -29,11 +31,14 @@ import os
 import platform
 import random
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +61,7 @@ from testkit import cluster as localcluster
 from topodra.controller.profile import ClaimProfile
 from topodra.controller.render import claim_spec
 from topodra.devices import AttributeValue, Device
-from topodra.kube import Kube, KubeError
+from topodra.kube import Kube, KubeError, Obj, make_transport
 from topodra.simulate import SimNode, discover, fake_node, fake_node_status
 from topodra.slices import build_slices
 
@@ -142,6 +147,31 @@ def throughput(samples: Sequence[tuple[float, float]], total: int, lo: float = 0
     return (hi - lo) * total / (b - a)
 
 
+def cpu_per_pod(samples: Sequence[tuple[float, float]], cpu: Sequence[Sequence[float]], total: int,
+                lo: float = 0.1, hi: float = 0.9) -> list[float]:
+    """CPU seconds per pod scheduled of each process column of ``cpu`` (one row per sample, taken with
+    ``samples``), between the first samples at or past ``lo`` and ``hi`` of ``total``; NaNs when the window
+    is not there. Unlike pods/s, a process's CPU per pod hardly moves with the load of a shared machine."""
+    a = next((i for i, (_t, c) in enumerate(samples) if c >= lo * total), None)
+    b = next((i for i, (_t, c) in enumerate(samples) if c >= hi * total), None)
+    width = len(cpu[0]) if cpu else 0
+    if a is None or b is None or samples[b][1] <= samples[a][1]:
+        return [math.nan] * width
+    pods = samples[b][1] - samples[a][1]
+    return [(cpu[b][k] - cpu[a][k]) / pods for k in range(width)]
+
+
+def process_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of a live process (0 when there is none)."""
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --------------------------------------------------------------------------- one scenario
 
 
@@ -157,23 +187,58 @@ class Result:
     mean_attempt_ms: float
     scorer_latency: dict[str, float]
     samples: list[tuple[float, float]]
+    gpu_attributes: int = 0  # attributes of a GPU in the slices the variant ran on (read back from the API)
+    # CPU ms per pod scheduled (10-90% window) of kube-scheduler, kube-apiserver, the scorer and this process.
+    cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
 
 
-def publish_nodes(kube: Kube, names: Sequence[str], devices: Sequence[Device], stripped: bool) -> None:
-    def one(name: str) -> None:
-        node = kube.create(f"{CORE}/nodes", fake_node(name, {"topodra.io/profile": PROFILE}))
-        kube.merge_patch(f"{CORE}/nodes/{name}/status", fake_node_status(name))
-        devs = clone_devices(devices, TEMPLATE_NODE, name)
-        if stripped:
-            devs = strip_devices(devs)
-        for sl in build_slices(pm.DRIVER, name, node["metadata"]["uid"], devs, 1):
+WORKERS = 8  # concurrent requests while publishing and creating: the client's pool size (topodra.kube)
+SLICE_FORM = {"full": False, "stripped": True, "topology": False}  # scenario -> stripped slices?
+
+
+def node_slices(devices: Sequence[Device], name: str, uid: str, stripped: bool) -> list[dict[str, Any]]:
+    devs = clone_devices(devices, TEMPLATE_NODE, name)
+    return build_slices(pm.DRIVER, name, uid, strip_devices(devs) if stripped else devs, 1)
+
+
+def publish_nodes(kube: Kube, names: Sequence[str], devices: Sequence[Device], stripped: bool) -> dict[str, str]:
+    """Nodes created Ready (a Node takes its status on create) and their slices; node -> UID.
+
+    The apiserver's TaintNodesByCondition admission gives every new Node ``node.kubernetes.io/not-ready``
+    whatever its status says; kube-controller-manager's node lifecycle controller lifts it from Ready nodes
+    a few per second (105 s for 500 nodes, 2026-11-30). The benchmark lifts it itself, one patch per node,
+    as that controller would for a Ready node; ``wait_untainted`` then only checks."""
+    def one(name: str) -> tuple[str, str]:
+        node = kube.create(f"{CORE}/nodes", {**fake_node(name, {"topodra.io/profile": PROFILE}),
+                                            **fake_node_status(name)})
+        kube.merge_patch(f"{CORE}/nodes/{name}", {"spec": {"taints": None}})
+        uid = str(node["metadata"]["uid"])
+        for sl in node_slices(devices, name, uid, stripped):
             kube.create(f"{RES}/resourceslices", sl)
+        return name, uid
 
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(one, names))
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return dict(pool.map(one, names))
+
+
+def replace_slices(kube: Kube, uids: dict[str, str], devices: Sequence[Device], stripped: bool) -> None:
+    """Every node's slices in the other form, same names and pool generation, one merge patch each (the
+    scheduler is stopped and relists on its restart, so no watcher sees a half-switched cluster)."""
+    def one(item: tuple[str, str]) -> None:
+        name, uid = item
+        for sl in node_slices(devices, name, uid, stripped):
+            kube.merge_patch(f"{RES}/resourceslices/{sl['metadata']['name']}", {"spec": sl["spec"]})
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(one, uids.items()))
 
 
 def create_workload(kube: Kube, ns: str, sizes: Sequence[int], specs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """A claim and a pod per entry of ``sizes``, named ``p00000``... in submission order.
+
+    Created while kube-scheduler is stopped: on its start it lists the pods (in name order, etcd's key
+    order) and queues them in that order, so creation order does not matter and the requests run
+    concurrently."""
     def one(item: tuple[int, int]) -> None:
         i, size = item
         name = f"p{i:05d}"
@@ -187,56 +252,194 @@ def create_workload(kube: Kube, ns: str, sizes: Sequence[int], specs: tuple[dict
                      "containers": [{"name": "main", "image": "localhost/busybox:1.35",
                                      "resources": {"claims": [{"name": "gpus"}]}}]}})
 
-    # Submission order matters to the queue (FIFO by creation): create in order, 4 at a time.
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(one, enumerate(sizes)))
 
 
-def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices: Sequence[Device]) -> Result:
-    lc = localcluster.Cluster.private(INSTANCE)
-    # Stock scoring, the queue settings of bench/placement; the client QPS of --scheduler-qps.
-    cfg = pm.scheduler_config("b", client={"qps": args.scheduler_qps, "burst": 2 * args.scheduler_qps})
-    lc.up(build=False, scheduler_config=cfg)
-    env: Env | None = None
-    try:
-        kube = Kube.from_kubeconfig(str(lc.admin_kubeconfig))
-        install_classes(kube)
+def clear_workload(kube: Kube, slow: Kube, ns: str, timeout: float = 300) -> int:
+    """Delete every claim and pod of ``ns`` with kube-scheduler stopped; returns the claims deleted.
+
+    Claims go first, their delete-protection finalizer (the scheduler's, on allocation) removed by us:
+    left to kube-controller-manager (20 requests/s), releasing thousands of claims would take minutes and
+    its writes would run into the next variant's measurement. Pods have no kubelet and a grace period of 0,
+    so one delete-collection removes them at once. ``slow``: a client whose timeout outlasts a
+    delete-collection of thousands of objects (the apiserver deletes them one by one)."""
+    claims = list(kube.list(f"{RES}/namespaces/{ns}/resourceclaims"))
+
+    def unprotect(c: Obj) -> None:
+        if c["metadata"].get("finalizers"):
+            kube.merge_patch(f"{RES}/namespaces/{ns}/resourceclaims/{c['metadata']['name']}",
+                             {"metadata": {"finalizers": None}})
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(unprotect, claims))
+    slow.request("DELETE", f"{RES}/namespaces/{ns}/resourceclaims")
+    slow.request("DELETE", f"{CORE}/namespaces/{ns}/pods", body={
+        "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    deadline = time.monotonic() + timeout
+    while True:
+        left = (sum(1 for _ in kube.list(f"{RES}/namespaces/{ns}/resourceclaims"))
+                + sum(1 for _ in kube.list(f"{CORE}/namespaces/{ns}/pods")))
+        if not left:
+            return len(claims)
+        if time.monotonic() > deadline:
+            raise BenchError(f"{left} claims and pods of namespace {ns} still there {timeout:.0f}s after deletion")
+        time.sleep(0.5)
+
+
+class Bed:
+    """One private cluster of ``args.nodes`` kubelet-less DGX-H100 nodes, reused for every variant.
+
+    Each ``run`` measures one (scenario, scorer) variant from the same state a fresh cluster had: the
+    previous variant's claims and pods deleted, the slices in the scenario's form (``SLICE_FORM``), a new
+    kube-scheduler (and scorer) that lists everything on its start. Publishing 2,048 nodes and waiting for
+    their untaint once instead of four times is what lets bench/scale run this row at every size."""
+
+    NS = "tp"
+
+    def __init__(self, args: argparse.Namespace, devices: Sequence[Device], stripped_first: bool = False) -> None:
+        self.args = args
+        self.stripped_first = stripped_first  # the form the slices are published in
+        self.devices = devices
+        self.lc = localcluster.Cluster.private(INSTANCE)
+        # Stock scoring, the queue settings of bench/placement; the client QPS of --scheduler-qps.
+        self.cfg = pm.scheduler_config("b", client={"qps": args.scheduler_qps, "burst": 2 * args.scheduler_qps})
+        self.pprof_dir = Path(args.pprof_dir) if getattr(args, "pprof_dir", None) else None
+        if self.pprof_dir is not None:
+            self.cfg["enableProfiling"] = True  # /debug/pprof on the secure port, for the admin
+        self.uids: dict[str, str] = {}
+        self.stripped: bool | None = None
+        self.setup_s = math.nan
+
+    def __enter__(self) -> Bed:
         t0 = time.monotonic()
-        names = [f"tp-{i:03d}" for i in range(args.nodes)]
-        publish_nodes(kube, names, devices, stripped=scenario == "stripped")
-        log(f"{args.nodes} nodes and slices published in {time.monotonic() - t0:.0f}s")
-        wait_untainted(kube, names)
-        pid = lc.running().get("kube-scheduler")
-        if pid:
-            lc._stop("kube-scheduler", pid)  # hold scheduling while the workload is created
-        ns = "tp"
-        kube.create(f"{CORE}/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        deadline = time.monotonic() + 60
-        while kube.get(f"{CORE}/namespaces/{ns}/serviceaccounts/default") is None:
-            if time.monotonic() > deadline:
-                raise BenchError("no default ServiceAccount in the benchmark namespace after 60 s")
-            time.sleep(0.2)
+        self.lc.up(build=False, scheduler_config=self.cfg)
+        try:
+            self.kube = Kube.from_kubeconfig(str(self.lc.admin_kubeconfig))
+            self.slow = Kube(make_transport(str(self.lc.admin_kubeconfig)), timeout=300)
+            pid = self.lc.running().get("kube-scheduler")
+            if pid:
+                self.lc._stop("kube-scheduler", pid)  # scheduling is held until a variant starts it
+            install_classes(self.kube)
+            names = [f"tp-{i:04d}" for i in range(self.args.nodes)]
+            t1 = time.monotonic()
+            self.uids = publish_nodes(self.kube, names, self.devices, stripped=self.stripped_first)
+            self.stripped = self.stripped_first
+            log(f"{self.args.nodes} nodes and slices published in {time.monotonic() - t1:.0f}s")
+            wait_untainted(self.kube, names, timeout=120)
+            self.kube.create(f"{CORE}/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                    "metadata": {"name": self.NS}})
+            deadline = time.monotonic() + 60
+            while self.kube.get(f"{CORE}/namespaces/{self.NS}/serviceaccounts/default") is None:
+                if time.monotonic() > deadline:
+                    raise BenchError("no default ServiceAccount in the benchmark namespace after 60 s")
+                time.sleep(0.2)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.setup_s = time.monotonic() - t0
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for client in (getattr(self, "kube", None), getattr(self, "slow", None)):
+            if client is not None:
+                client.close()
+        os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "throughput-logs"))
+        self.lc.down(quiet=True, keep_logs=True)
+
+    def use_slices(self, stripped: bool) -> None:
+        if stripped != self.stripped:
+            t0 = time.monotonic()
+            replace_slices(self.kube, self.uids, self.devices, stripped)
+            self.stripped = stripped
+            log(f"slices of {len(self.uids)} nodes made {'stripped' if stripped else 'full'} "
+                f"in {time.monotonic() - t0:.0f}s")
+
+    def start_profile(self, name: str) -> threading.Thread | None:
+        """With ``args.pprof_dir``: kube-scheduler's CPU profile of the first ``args.pprof_seconds`` of
+        scheduling (Go's pprof format; ``go tool pprof -top FILE``), fetched in the background."""
+        if self.pprof_dir is None:
+            return None
+        out = self.pprof_dir / f"{self.args.nodes}-{name}.pprof"
+        url = f"https://127.0.0.1:{self.lc.ports.scheduler}/debug/pprof/profile?seconds={self.args.pprof_seconds}"
+
+        def fetch() -> None:
+            try:
+                with urllib.request.urlopen(url, context=self.lc._scheduler_ssl(),
+                                            timeout=self.args.pprof_seconds + 60) as r:
+                    out.write_bytes(r.read())
+                log(f"scheduler CPU profile: {out}")
+            except OSError as e:
+                log(f"scheduler CPU profile failed: {e}")
+
+        self.pprof_dir.mkdir(parents=True, exist_ok=True)
+        t = threading.Thread(target=fetch, daemon=True)
+        t.start()
+        return t
+
+    def gpu_attributes(self) -> int:
+        """How many attributes the first node's first GPU has as stored: the slice form really in effect."""
+        node = next(iter(self.uids))
+        for sl in self.kube.list(f"{RES}/resourceslices", field_selector=f"spec.nodeName={node}"):
+            for d in sl["spec"].get("devices") or []:
+                if (d.get("attributes") or {}).get("type", {}).get("string") == "gpu":
+                    return len(d["attributes"])
+        raise BenchError(f"no GPU in the slices of node {node}")
+
+    def run(self, scenario: str, scorer: bool) -> Result:
+        args, kube, lc = self.args, self.kube, self.lc
+        specs = claim_specs(scenario)  # an unknown scenario fails before the cluster changes
+        t0 = time.monotonic()
+        cleared = clear_workload(kube, self.slow, self.NS)
+        if cleared:
+            log(f"previous variant's {cleared} claims and pods deleted in {time.monotonic() - t0:.0f}s")
+        self.use_slices(SLICE_FORM[scenario])
+        gpu_attributes = self.gpu_attributes()
         sizes = pod_mix(args.one_gpu_pods, args.eight_gpu_pods, args.seed)
         t0 = time.monotonic()
-        create_workload(kube, ns, sizes, claim_specs(scenario))
+        create_workload(kube, self.NS, sizes, specs)
         log(f"{len(sizes)} claims + pods created in {time.monotonic() - t0:.0f}s (scheduler stopped)")
         env = Env(lc=lc, kube=kube, inv=pm.NodeCapacity({}, {}, {}, {}), node_selector={})
-        extender = env.start_scorer() if scorer else None
-        scorer0 = env.scorer_metrics()
-        t_start = time.monotonic()
-        samples: list[tuple[float, float]] = [(0.0, 0.0)]  # nothing is scheduled before the restart
-        lc.restart_scheduler(cfg, extender)
-        last_change, last = time.monotonic(), -1.0
-        while True:
-            m = parse_metrics(lc.scheduler_metrics())
-            done = metric_sum(m, "scheduler_schedule_attempts_total", result="scheduled")
-            now = time.monotonic()
-            samples.append((now - t_start, done))
-            if done != last:
-                last_change, last = now, done
-            if done >= len(sizes) or now - last_change > args.stall or now - t_start > args.timeout:
-                break
-            time.sleep(0.25)
+        try:
+            extender = env.start_scorer() if scorer else None
+            scorer0 = env.scorer_metrics()
+            t_start = time.monotonic()
+            samples: list[tuple[float, float]] = [(0.0, 0.0)]  # nothing is scheduled before the start
+            lc.restart_scheduler(self.cfg, extender)
+            running = lc.running()
+            pids = {"scheduler": running.get("kube-scheduler"), "apiserver": running.get("kube-apiserver"),
+                    "scorer": env.scorer.pid if env.scorer is not None else None,
+                    "bench": os.getpid()}  # this sampling loop's own share of the 2 cores
+            cpu: list[list[float]] = [[process_cpu(p) for p in pids.values()]]
+            profiler = self.start_profile(f"{scenario}{'-scorer' if scorer else ''}")
+            last_change, last = time.monotonic(), -1.0
+            while True:
+                try:
+                    text = lc.scheduler_metrics()
+                except urllib.error.HTTPError as e:
+                    # Healthy before its delegated authentication has read the client CA: 401/403 for a moment.
+                    if e.code not in (401, 403) or time.monotonic() - t_start > 60:
+                        raise
+                    time.sleep(0.1)
+                    continue
+                m = parse_metrics(text)
+                done = metric_sum(m, "scheduler_schedule_attempts_total", result="scheduled")
+                now = time.monotonic()
+                samples.append((now - t_start, done))
+                cpu.append([process_cpu(p) for p in pids.values()])
+                if done != last:
+                    last_change, last = now, done
+                if done >= len(sizes) or now - last_change > args.stall or now - t_start > args.timeout:
+                    break
+                time.sleep(0.25)
+            if profiler is not None:
+                profiler.join()
+            pid = lc.running().get("kube-scheduler")
+            if pid:
+                lc._stop("kube-scheduler", pid)
+            latency = histogram_quantiles(env.scorer_metrics(), "prioritize", before=scorer0)
+        finally:
+            env.stop_scorer()
         busy = metric_sum(m, "scheduler_scheduling_attempt_duration_seconds_sum")
         attempts = metric_sum(m, "scheduler_schedule_attempts_total")
         first = next((t0 for (t0, _c0), (_t1, c1) in itertools.pairwise(samples) if c1 > 0), 0.0)
@@ -244,18 +447,29 @@ def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices:
         r = Result(scenario=scenario, scorer=scorer, pods=len(sizes), scheduled=int(done),
                    pods_per_s=throughput(samples, len(sizes)), pods_per_s_overall=overall,
                    seconds=samples[-1][0], mean_attempt_ms=busy / attempts * 1000 if attempts else math.nan,
-                   scorer_latency=histogram_quantiles(env.scorer_metrics(), "prioritize", before=scorer0),
-                   samples=samples)
+                   scorer_latency=latency, samples=samples, gpu_attributes=gpu_attributes,
+                   cpu_ms_per_pod={k: v * 1000 for k, v in zip(pids, cpu_per_pod(samples, cpu, len(sizes)),
+                                                               strict=True) if pids[k]})
         log(f"{scenario}{' + scorer' if scorer else ''}: {r.scheduled}/{r.pods} scheduled, "
-            f"{r.pods_per_s:.1f} pods/s (10-90%), {overall:.1f} overall, attempt {r.mean_attempt_ms:.1f} ms"
+            f"{r.pods_per_s:.1f} pods/s (10-90%), {overall:.1f} overall, attempt {r.mean_attempt_ms:.1f} ms, "
+            "CPU ms/pod "
+            + ", ".join(f"{k} {v:.1f}" for k, v in r.cpu_ms_per_pod.items())
             + (f", prioritize p50 {r.scorer_latency.get('p50_ms', math.nan):.1f} ms "
                f"p99 {r.scorer_latency.get('p99_ms', math.nan):.1f} ms" if scorer else ""))
         return r
-    finally:
-        if env is not None:
-            env.stop_scorer()
-        os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "throughput-logs"))
-        lc.down(quiet=True, keep_logs=True)
+
+
+def run_scenario(args: argparse.Namespace, scenario: str, scorer: bool, devices: Sequence[Device]) -> Result:
+    """One variant on a cluster of its own."""
+    with Bed(args, devices, stripped_first=SLICE_FORM[scenario]) as bed:
+        return bed.run(scenario, scorer)
+
+
+def run_variants(args: argparse.Namespace, variants: Sequence[tuple[str, bool]],
+                 devices: Sequence[Device]) -> list[Result]:
+    """Every (scenario, scorer) variant in order on one cluster (``Bed``)."""
+    with Bed(args, devices, stripped_first=bool(variants) and SLICE_FORM[variants[0][0]]) as bed:
+        return [bed.run(sc, scorer) for sc, scorer in variants]
 
 
 def template_devices() -> list[Device]:
@@ -274,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="kube-scheduler's client QPS (burst twice that); Kubernetes' default is 50")
     p.add_argument("--stall", type=float, default=30, help="stop when nothing was scheduled for this long")
     p.add_argument("--timeout", type=float, default=600, help="seconds one scenario may schedule")
+    p.add_argument("--pprof-dir", help="write kube-scheduler's CPU profile of each variant here")
+    p.add_argument("--pprof-seconds", type=int, default=20, help="how long each profile samples")
     p.add_argument("--out", help="JSON file (default bench/results/schedule_throughput/<UTC time>.json)")
     p.add_argument("--lock-timeout", type=float, default=3600)
     args = p.parse_args(argv)
@@ -288,9 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     try:
         with instance_lock(args.lock_timeout):
-            for sc in scenarios:
-                for with_scorer in scorers:
-                    results.append(run_scenario(args, sc, with_scorer, devices))
+            results = run_variants(args, [(sc, on) for sc in scenarios for on in scorers], devices)
     except (BenchError, localcluster.ClusterError, KubeError) as e:
         print(f"bench/run schedule_throughput: {e}", file=sys.stderr)
         return 1

@@ -1,10 +1,11 @@
 """bench/scale works end to end at 64 nodes (issue 22: CI runs a reduced run; no timing is asserted).
 
 Every row but the scheduler's runs on a private cluster of its own (free ports, own lock); the scheduler
-row is bench/schedule_throughput's scenario runner, which starts four clusters of its own and is left to
-the full run. The assertions are what the run must have seen, not how fast: the published GPU count, one
-slice per node in etcd, the inventory's JSON agreeing with it (checked inside the bench), a scorer view with
-every node, a publisher that compared every pool at least once, and a fit per curve once two sizes exist.
+row (bench/schedule_throughput's ``Bed``) runs its four variants on one more, in a test of its own. The
+assertions are what the run must have seen, not how fast: the published GPU count, one slice per node in
+etcd, the inventory's JSON agreeing with it (checked inside the bench), a scorer view with every node, a
+publisher that compared every pool at least once, a fit per curve once two sizes exist; every pod of every
+scheduler variant scheduled, on the slice form of its scenario, and both ratios computed.
 """
 
 from __future__ import annotations
@@ -37,3 +38,25 @@ def test_bench_scale_at_64_nodes(tmp_path: Path) -> None:
     assert {t["target"] for t in doc["targets"]} >= {"simulate <= 20 s", "inventory -o json <= 1.5 s"}
     assert (tmp_path / result.name.replace(".json", ".md")).read_text().startswith("# bench/run scale")
     assert [p for p in tmp_path.glob("inventory-64.png")]
+
+
+def test_bench_scale_scheduler_row(tmp_path: Path) -> None:
+    rc = main(["--sizes", "32", "--rows", "scheduler", "--no-plots", "--out-dir", str(tmp_path), "--label", "ci"])
+    assert rc == 0
+    [result] = list(tmp_path.glob("*-ci.json"))
+    doc = json.loads(result.read_text())
+    [size] = doc["results"]
+    sched = size["scheduler"]
+    assert (sched["one_gpu_pods"], sched["eight_gpu_pods"], sched["pods"]) == (32, 4, 36)
+    variants = ("stripped", "full", "full_scorer", "stripped_scorer")
+    assert sched["order"] == list(variants)
+    for v in variants:
+        assert sched[f"{v}_scheduled"] == 36, v  # the previous variant's claims released every device again
+        assert sched[f"{v}_pods_per_s"] > 0, v
+    # The slices were switched between variants: 4 attributes when stripped, topodra's full set otherwise.
+    assert sched["stripped_gpu_attributes"] == sched["stripped_scorer_gpu_attributes"] == 4
+    assert sched["full_gpu_attributes"] == sched["full_scorer_gpu_attributes"] > 20
+    assert sched["full_scorer_prioritize_p99_ms"] is not None and sched["full_prioritize_p99_ms"] is None
+    assert sched["stripped_ratio"] > 0 and sched["scorer_ratio"] > 0
+    assert {t["target"] for t in doc["targets"]} == {"topodra's slices >= 0.9x of stripped slices",
+                                                     "with the scorer >= 0.8x of without"}

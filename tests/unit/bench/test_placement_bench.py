@@ -348,6 +348,31 @@ def test_throughput_slope_between_10_and_90_percent() -> None:
     assert math.isnan(st.throughput(samples[:3], 200))  # 90% never reached
 
 
+def test_cpu_per_pod_in_the_10_to_90_percent_window() -> None:
+    from bench.schedule_throughput import main as st
+
+    samples = [(0.0, 0.0), (1.0, 5.0), (2.0, 20.0), (3.0, 60.0), (4.0, 95.0), (5.0, 100.0)]
+    cpu = [[0.0, 1.0], [0.5, 1.0], [1.0, 2.0], [3.0, 2.5], [5.0, 4.0], [5.1, 4.0]]
+    # first samples at >= 10 (index 2: 20 pods) and >= 90 (index 4: 95 pods): 75 pods
+    assert st.cpu_per_pod(samples, cpu, 100) == pytest.approx([4.0 / 75, 2.0 / 75])
+    assert all(math.isnan(x) for x in st.cpu_per_pod(samples[:3], cpu[:3], 100))  # 90% never reached
+    assert st.cpu_per_pod([(0.0, 0.0)], [], 100) == []
+
+
+def test_node_slices_in_both_forms() -> None:
+    from bench.schedule_throughput import main as st
+
+    devices = st.template_devices()
+    full = st.node_slices(devices, "n1", "uid-1", stripped=False)
+    stripped = st.node_slices(devices, "n1", "uid-1", stripped=True)
+    assert [s["metadata"]["name"] for s in full] == [s["metadata"]["name"] for s in stripped]  # patched in place
+    gpu = next(d for d in full[0]["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu")
+    sgpu = next(d for d in stripped[0]["spec"]["devices"] if d["name"] == gpu["name"])
+    assert set(sgpu["attributes"]) == set(st.STRIPPED_KEEP) < set(gpu["attributes"])
+    assert sgpu["capacity"] == gpu["capacity"]
+    assert gpu["attributes"]["nvlinkDomain"]["string"].startswith("n1/")
+
+
 def test_cloned_and_stripped_slices() -> None:
     from bench.schedule_throughput import main as st
 

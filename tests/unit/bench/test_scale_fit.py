@@ -59,3 +59,33 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--sizes", "64,x"])
     assert parse_args(["--sizes", "256,64"]).size_list == [64, 256]
+
+
+def test_scheduler_row_caps_the_pods_and_pairs_the_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_scheduler's bookkeeping, with the cluster part (run_variants) replaced by canned results."""
+    from bench.scale import main as scale
+    from bench.schedule_throughput import main as st
+
+    seen: dict[str, object] = {}
+    rates = {("stripped", False): 20.0, ("full", False): 18.0, ("full", True): 16.0, ("stripped", True): 15.0}
+
+    def fake(args: object, variants: list[tuple[str, bool]], devices: object) -> list[st.Result]:
+        seen["args"], seen["variants"] = args, list(variants)
+        pods = args.one_gpu_pods + args.eight_gpu_pods  # type: ignore[attr-defined]
+        return [st.Result(scenario=sc, scorer=on, pods=pods, scheduled=pods, pods_per_s=rates[(sc, on)],
+                          pods_per_s_overall=rates[(sc, on)], seconds=1.0, mean_attempt_ms=1.0,
+                          scorer_latency={"p99_ms": 2.0} if on else {}, samples=[], gpu_attributes=4,
+                          cpu_ms_per_pod={"scheduler": 100.0 / rates[(sc, on)]}) for sc, on in variants]
+
+    monkeypatch.setattr(st, "run_variants", fake)
+    monkeypatch.setattr(st, "template_devices", lambda: [])
+    out = scale.run_scheduler(2048, seed=1, qps=500, max_pods=512)
+    args = seen["args"]
+    assert (args.nodes, args.one_gpu_pods, args.eight_gpu_pods) == (2048, 512, 64)  # type: ignore[attr-defined]
+    assert seen["variants"] == list(scale.SCHEDULER_VARIANTS)
+    assert out["pods"] == 576 and out["order"] == ["stripped", "full", "full_scorer", "stripped_scorer"]
+    assert out["stripped_ratio"] == pytest.approx(18 / 20) and out["scorer_ratio"] == pytest.approx(16 / 18)
+    assert out["cpu_stripped_ratio"] == pytest.approx(18 / 20) and out["cpu_scorer_ratio"] == pytest.approx(16 / 18)
+    assert out["full_prioritize_p99_ms"] is None and out["full_scorer_prioritize_p99_ms"] == 2.0
+    small = scale.run_scheduler(64, seed=1, qps=500)
+    assert small["one_gpu_pods"] == 64 and small["eight_gpu_pods"] == 8
