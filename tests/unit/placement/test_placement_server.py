@@ -122,13 +122,16 @@ def post(url: str, body: bytes) -> tuple[int, Any]:
 
 
 def test_prioritize_speaks_the_extender_protocol(served: tuple[str, Placement]) -> None:
-    url, _p = served
+    url, placement = served
     pod = {"metadata": {"name": "p", "namespace": "ns"},
            "spec": {"resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one"}]}}
-    code, body = post(f"{url}/prioritize", json.dumps({"Pod": pod, "NodeNames": ["a", "b", "c", "x"]}).encode())
+    args = {"Pod": pod, "NodeNames": ["a", "b", "c", "x"]}
+    code, body = post(f"{url}/prioritize", json.dumps(args).encode())
     assert code == 200
     assert body == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 1}, {"Host": "c", "Score": 1},
                     {"Host": "x", "Score": 0}]
+    # What the server sends is the objects' JSON (placement.reply builds it without them).
+    assert placement.prioritize_json(args) == json.dumps(placement.prioritize(args), separators=(",", ":")).encode()
     # Go decodes field names case-insensitively; Nodes (nodeCacheCapable: false) works too.
     code, body = post(f"{url}/prioritize", json.dumps(
         {"pod": pod, "nodes": {"items": [{"metadata": {"name": "b"}}]}}).encode())
