@@ -30,7 +30,7 @@ def test_kept_heads_are_bounded() -> None:
     for k in range(5):
         names = [f"n{k}-{i}" for i in range(8)]
         assert enc.encode(names, [1] * 8) == dumps(names, [1] * 8)
-        assert len(enc._heads) <= 10 + 8
+        assert len(enc._entries) <= 10 + 8
 
 
 @pytest.mark.parametrize(("names", "scores"), [(["a"], [11]), (["a"], [-1]), (["a", "b"], [1])])
