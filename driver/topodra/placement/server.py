@@ -30,7 +30,7 @@ from topodra.placement.bystate import StateScorer
 from topodra.placement.cache import Cache
 from topodra.placement.gang import Gangs
 from topodra.placement.hostaware import host_fits, host_job
-from topodra.placement.reply import ReplyEncoder
+from topodra.placement.reply import encode_reply
 from topodra.placement.score import Scorer
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,6 @@ class Placement:
         self.candidates = Gauge("topodra_placement_last_candidates", "Candidate nodes in the last call.",
                                 registry=self.registry)
         self.registry.register(_CacheCollector(cache))
-        self.reply = ReplyEncoder()  # the reply's JSON straight from names and scores
 
     def prioritize(self, args: Mapping[str, Any]) -> list[Obj]:
         """The ``HostPriorityList`` for ``args`` (``ExtenderArgs``) as objects."""
@@ -122,7 +121,7 @@ class Placement:
         """The same list as the reply's JSON, without building its objects (``placement.reply``): what the
         server does per call once the request is parsed."""
         names, scores = self.scores(args)
-        return self.reply.encode(names, scores)
+        return encode_reply(names, scores)
 
     def scores(self, args: Mapping[str, Any]) -> tuple[list[str], list[int]]:
         """The candidates' names and their scores (0..10), in the order given."""
