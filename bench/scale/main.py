@@ -267,7 +267,7 @@ def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
 
 
 def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any]:
-    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, responder, spec
+    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, responder, spec, warm
     from testkit.views import claim
 
     from topodra.placement.cache import Cache, settle_heap
@@ -300,6 +300,7 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
     settle_heap()  # what the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: fed directly, as bench/scorer_latency does
     placement = Placement(cache, DEFAULT_PRIOR, 20)
+    warm(placement)  # as the cache's relist does
     respond = responder(placement)  # scoring and the reply's JSON, as the server per call
     cpu, wall = [], []
     for k in range(calls):

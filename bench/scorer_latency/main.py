@@ -146,6 +146,14 @@ def responder(placement: Placement) -> Callable[[Obj], bytes]:
     return old
 
 
+def warm(placement: Placement) -> None:
+    """What the cache's relist does for the placement (``Placement.warm``: every node's state built in the
+    watch thread); a driver without it builds them in the first call."""
+    hook = getattr(placement, "warm", None)
+    if hook is not None:
+        hook()
+
+
 def best_of(reply: bytes) -> tuple[str, int]:
     """The first best-scored host of a reply and its score. Its 2,048 decoded objects are gone when this
     returns: kept alive into the next timed call they would be young objects for the cyclic collector to
@@ -167,6 +175,7 @@ def run_once(nodes: int, calls: int, seed: int, cluster: Path | None = None, hos
     settle_heap()  # both as the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: the view is fed directly
     placement = Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=by_state)
+    warm(placement)
     prof = None
     if profile is not None:
         import cProfile

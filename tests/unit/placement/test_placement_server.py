@@ -180,3 +180,15 @@ def test_scheduler_configuration_rejects_what_the_harness_owns_or_cannot_run(bas
         localcluster.scheduler_configuration(base, Path("/k"))
     with pytest.raises(localcluster.ClusterError):
         localcluster.extender_stanza("127.0.0.1:9417")
+
+
+def test_warm_builds_every_node_state_before_the_first_call() -> None:
+    st = state({"a": "dgx-h100", "b": "dgx-h100", "c": "dgx-a100-80gb"})
+    hold(st, "a", ["gpu-0"])
+    placement = Placement(Cache(ScriptedKube({}), st), DEFAULT_PRIOR, 20)
+    assert placement.states.states.of == {}
+    placement.warm("slices")
+    states = placement.states.states
+    assert set(states.of) == {"a", "b", "c"} and states.of["b"] != states.of["a"]
+    # the first call finds them current: nothing left to refresh
+    assert st.changed_since(states._mark) == []
