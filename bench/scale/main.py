@@ -17,7 +17,8 @@ Rows (``--rows``):
 * ``controller``: one ClaimProfile availability pass in process (list slices, claims, classes, nodes and taint
   rules, build the fleet snapshot, evaluate ``PROFILES``): process CPU and wall time.
 * ``scorer``: the placement scorer's view built from the listed objects, filled to ~50% with first-fit claims
-  (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes; the view's
+  (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes (scoring and
+  the reply's JSON, ``bench.scorer_latency.main.responder``); the view's
   Python heap (``tracemalloc``): ``lists_mib`` the listed objects and indexes, ``view_mib`` with every node's
   view built as the cache does after its relist.
 * ``publisher``: every node's ``SlicePublisher`` (``topodra.simulate.Simulation`` in process) reconciling with
@@ -267,7 +268,7 @@ def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
 
 
 def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any]:
-    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, spec
+    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, responder, spec, warm
     from testkit.views import claim
 
     from topodra.placement.cache import Cache, settle_heap
@@ -300,6 +301,8 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
     settle_heap()  # what the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: fed directly, as bench/scorer_latency does
     placement = Placement(cache, DEFAULT_PRIOR, 20)
+    warm(placement)  # as the cache's relist does
+    respond = responder(placement)  # scoring and the reply's JSON, as the server per call
     cpu, wall = [], []
     for k in range(calls):
         count, fallback = rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3
@@ -308,7 +311,7 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
                         "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": f"scale-p{k}"}]}},
                 "NodeNames": names}
         t0, c0 = time.perf_counter(), time.thread_time()
-        placement.prioritize(args)
+        respond(args)
         cpu.append(time.thread_time() - c0)
         wall.append(time.perf_counter() - t0)
         st.delete_claim("ns", f"scale-p{k}", forget=True)

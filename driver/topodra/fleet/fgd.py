@@ -16,14 +16,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from topodra.fleet.allocator import alternative_matches, free_gpus, place
+from topodra.fleet.allocator import free_gpus, place
 from topodra.fleet.demand import ANY_GPU, Alternative, Constraint, Demand, Request
+from topodra.fleet.packing import PackPlan, pack_plan, packed_unusable
 from topodra.fleet.state import NodeView
 
 DEFAULT_PRIOR = {1: 0.6, 2: 0.1, 4: 0.1, 8: 0.2}
-_UNSET: Any = object()
 
 
 def parse_prior(text: str) -> dict[int, float]:
@@ -82,45 +81,11 @@ def make_mix(prior: Mapping[int, float], prior_weight: float, observed: Mapping[
     return Mix(classes=tuple((d, w / total) for d, w in weights.items()))
 
 
-def _pack_groups(view: NodeView, used: frozenset[int], demand: Demand) -> int | None:
-    """``unusable`` for the common shape in closed form, or None when the shape is not covered.
-
-    One request whose alternatives take ``k`` devices each under constraints that cover the whole
-    request: a placement takes k devices from one group of equal constrained values, so packing it
-    over and over fills floor(|group| / k) placements per group, lowest devices first (first fit),
-    alternative after alternative. Same result as repeated ``place``, without the search.
-    """
-    if len(demand.requests) != 1:
-        return None
-    req = demand.requests[0]
-    if any(a.count == 0 for a in req.alternatives):
-        return None
-    free = [i for i in range(len(view.devices)) if i not in used]
-    taken: set[int] = set()
-    for alt in req.alternatives:
-        attrs = [c.attribute for c in demand.constraints if c.applies(req.name, alt.name)]
-        if len(attrs) != len(demand.constraints):
-            return None  # a constraint on only some subrequests: let the search decide
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i in free:
-            d = view.devices[i]
-            if i in taken or not alternative_matches(alt, d):
-                continue
-            key = tuple(d.attrs.get(a, _UNSET) for a in attrs)
-            if _UNSET in key:
-                continue
-            groups.setdefault(key, []).append(i)
-        for members in groups.values():
-            n = len(members) // alt.count * alt.count
-            taken.update(members[:n])
-    return sum(1 for i in free if view.devices[i].gpu and i not in taken)
-
-
 def unusable(view: NodeView, used: frozenset[int], demand: Demand) -> int:
     """F_n(m): free GPUs left after packing request class ``demand`` onto the node as often as it fits."""
-    fast = _pack_groups(view, used, demand)
-    if fast is not None:
-        return fast
+    plan = pack_plan(view, demand)  # the common shape in closed form (fleet.packing)
+    if plan is not None:
+        return packed_unusable(plan, used)
     return unusable_by_search(view, used, demand)
 
 
@@ -136,23 +101,35 @@ def unusable_by_search(view: NodeView, used: frozenset[int], demand: Demand) -> 
 
 
 class Fragmentation:
-    """F_n with memoised fragments per (node shape, unavailable devices, request class).
+    """F_n with memoised fragments per (packing plan, unavailable devices).
 
-    The memo is keyed by what determines the result, so it stays valid across cluster changes; it is
-    dropped wholesale when it grows large.
+    A class's packing plan on a node (``fleet.packing.pack_plan``) depends on the node's shape only, and many classes
+    have the same plan on a shape (on an H200 node, 1 GPU of any model, of ``gpu.topodra.io`` and of the
+    fallback chain h200/h100/a100 pack alike), so fragments are computed once per distinct plan and set
+    of unavailable devices, and shared across classes and shapes (issue 22: 12 classes, 4 plans per shape
+    at 2,048 nodes). Classes the closed form does not cover, or with selectors, keep one memo per (shape,
+    class). The memo is keyed by what determines the result, so it stays valid across cluster changes; it
+    is dropped wholesale when it grows large.
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._unusable: dict[tuple[int, frozenset[int], int], int] = {}
+        self._unusable: dict[tuple[int, frozenset[int]], int] = {}  # (plan id, unavailable) -> fragments
         self._ids: dict[Demand, int] = {}  # demands hash recursively: look them up once per call
+        self._plans: dict[tuple[int, int], tuple[int, PackPlan | None]] = {}  # (shape, class id) -> plan id, plan
+        self._plan_ids: dict[PackPlan, int] = {}
         self._max = max_entries
         self.generation = 0  # bumped when the memo (and with it the demand ids) is dropped
 
+    def _reset(self) -> None:
+        self._unusable.clear()
+        self._ids.clear()
+        self._plans.clear()
+        self._plan_ids.clear()
+        self.generation += 1
+
     def _trim(self) -> None:
         if len(self._unusable) > self._max:
-            self._unusable.clear()
-            self._ids.clear()
-            self.generation += 1
+            self._reset()
 
     def _classes(self, mix: Mix) -> list[tuple[int, Demand, float]]:
         out = []
@@ -171,10 +148,25 @@ class Fragmentation:
             total += p * self.unusable_of(view, used, i, demand)
         return total
 
+    def plan_of(self, view: NodeView, i: int, demand: Demand) -> tuple[int, PackPlan | None]:
+        """(plan id, plan) of class ``i`` on the view's shape; plan None: ``unusable`` itself, memoised
+        under an id of its own (a negative one) per (shape, class)."""
+        key = (view.shape, i)
+        got = self._plans.get(key)
+        if got is None:
+            plan = None if demand.has_selectors else pack_plan(view, demand)
+            if plan is None:
+                got = (-1 - len(self._plans), None)
+            else:
+                got = (self._plan_ids.setdefault(plan, len(self._plan_ids)), plan)
+            self._plans[key] = got
+        return got
+
     def unusable_of(self, view: NodeView, used: frozenset[int], i: int, demand: Demand) -> int:
         """``unusable(view, used, demand)``, memoised; ``i``: the demand's id from ``_classes``."""
-        key = (view.shape, used, i)
+        pid, plan = self.plan_of(view, i, demand)
+        key = (pid, used)
         u = self._unusable.get(key)
         if u is None:
-            u = self._unusable[key] = unusable(view, used, demand)
+            u = self._unusable[key] = packed_unusable(plan, used) if plan is not None else unusable(view, used, demand)
         return u

@@ -50,6 +50,7 @@ class StateScorer:
         self._vectors: list[tuple[int, ...]] = []
         self._raw: dict[tuple[int, frozenset[int], tuple[int, ...]], tuple[int, ...]] = {}
         self._before: dict[tuple[int, Share | None, tuple[int, ...]], int] = {}
+        self._ks: dict[tuple[int, ...], tuple[int, ...]] = {}  # class ids -> GPUs per placement of each
         self._valid_for = (-1, -1)  # (states.epoch, scorer.generation) the ids above belong to
 
     def _check(self) -> None:
@@ -60,6 +61,7 @@ class StateScorer:
             self._vectors.clear()
             self._raw.clear()
             self._before.clear()
+            self._ks.clear()
             self._count = 0
             self._valid_for = (self.states.epoch, self.scorer.generation)
 
@@ -87,7 +89,8 @@ class StateScorer:
         at = {c[0]: k for k, c in enumerate(canon)}
         order = [at[i] for i, _d, _p in classes]
         table = self.states.of if job is not None else self.states.gpu_of
-        entries = self._entries.setdefault((key, job, tuple(c[0] for c in canon)), {})
+        ids_of_classes = tuple(c[0] for c in canon)
+        entries = self._entries.setdefault((key, job, ids_of_classes), {})
         ids = list(map(table.get, names))  # None: the node publishes none of our devices (score 0)
         vectors = self._vectors
         frag: dict[int, float] = {}
@@ -108,7 +111,7 @@ class StateScorer:
                 continue
             e = entries.get(s, _MISSING)
             if e is _MISSING:
-                e = entries[s] = self._entry(s, key, canon, job)
+                e = entries[s] = self._entry(s, key, canon, ids_of_classes, job)
                 self._count += 1
             if e is None:
                 continue
@@ -139,31 +142,33 @@ class StateScorer:
         return got
 
     def _entry(self, s: int, demands: tuple[Demand, ...], classes: list[tuple[int, Demand, float]],
-               job: HostJob | None) -> Entry:
-        """``Scorer.cost`` of one state with the mix weights left out (the fragment vectors instead)."""
+               ids: tuple[int, ...], job: HostJob | None) -> Entry:
+        """``Scorer.cost`` of one state with the mix weights left out (the fragment vectors instead);
+        ``ids``: the classes' ids, in their (class-id) order."""
         st = self.states.states[s] if job is not None else self.states.states[self.states.gpu_rep[s]]
         view, used = st.view, st.used
-        host = job.on(*st.room) if job is not None and st.room is not None else None
-        if host is not None and not host.fits():
-            return None
+        room = st.room if job is not None else None
+        if room is not None and job is not None and (job.pod_cpu > room[0] or job.pod_memory > room[1]):
+            return None  # HostFit.fits: the pod's own CPU or memory does not fit
         got = self.scorer.placement(view, used, demands, b"")
         if got is None:
             return None
         after, rank = got
-        ids = tuple(i for i, _d, _p in classes)
+        free_after = free_gpus(view, after)
         raw_after = self._raw_vector(view, after, classes, ids)
-        if host is not None:
-            ks = [class_gpus(d) for _i, d, _p in classes]
-            bkey = (s, host.share, ids)
+        if room is not None and job is not None:
+            ks = self._ks.get(ids)
+            if ks is None:
+                ks = self._ks[ids] = tuple(class_gpus(d) for _i, d, _p in classes)
+            bkey = (s, job.share, ids)
             before = self._before.get(bkey)
             if before is None:
                 before = self._before[bkey] = self._vector(capped_vector(
-                    free_gpus(view, used), self._raw_vector(view, used, classes, ids), ks, host.cpu_free,
-                    host.memory_free, host.share))
-            after_id = self._vector(capped_vector(free_gpus(view, after), raw_after, ks,
-                                                  host.cpu_free - host.pod_cpu,
-                                                  host.memory_free - host.pod_memory, host.share))
+                    free_gpus(view, used), self._raw_vector(view, used, classes, ids), ks, room[0], room[1],
+                    job.share))
+            after_id = self._vector(capped_vector(free_after, raw_after, ks, room[0] - job.pod_cpu,
+                                                  room[1] - job.pod_memory, job.share))
         else:
             before = self._vector(self._raw_vector(view, used, classes, ids))
             after_id = self._vector(raw_after)
-        return rank, before, after_id, BEST_FIT_WEIGHT * free_gpus(view, after)
+        return rank, before, after_id, BEST_FIT_WEIGHT * free_after

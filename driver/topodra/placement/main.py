@@ -59,7 +59,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KubeError) as e:
         log.error("%s", e)
         return 2
-    cache = Cache(kube, ClusterState(args.driver, window=args.window))
+    placement: Placement | None = None
+
+    def relisted(kind: str) -> None:  # in the watch thread: node states now, not in the next call
+        if placement is not None:
+            placement.warm(kind)
+
+    cache = Cache(kube, ClusterState(args.driver, window=args.window), on_relist=relisted)
     placement = Placement(cache, prior, args.prior_weight, host_aware=args.host_resources == "on")
     try:
         server = Server(placement, host, port)

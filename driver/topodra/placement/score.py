@@ -33,15 +33,18 @@ so 500 nodes in a few distinct states cost a few placements, not 500.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from topodra.fleet.allocator import Rank, free_gpus, place_ranked, selector_mask
 from topodra.fleet.demand import Demand
 from topodra.fleet.fgd import Fragmentation, Mix
 from topodra.fleet.hostfrag import HostFit, host_fragmentation
+from topodra.fleet.packing import PlacePlan, place_plan, placed
 from topodra.fleet.state import NodeView
 
 MAX_SCORE = 10
 BEST_FIT_WEIGHT = 1e-4
+_MISSING: Any = object()
 
 
 class Scorer(Fragmentation):
@@ -56,20 +59,28 @@ class Scorer(Fragmentation):
         super().__init__(max_entries)
         self._place: dict[tuple[int, bytes, frozenset[int], tuple[Demand, ...]],
                           tuple[frozenset[int], Rank] | None] = {}
+        # Per (shape, demands) without selectors: the closed form's groups (fleet.packing), or None.
+        self._place_plans: dict[tuple[int, tuple[Demand, ...]], PlacePlan | None] = {}
 
     def _trim(self) -> None:
         if len(self._place) + len(self._unusable) > self._max:
             self._place.clear()
-            self._unusable.clear()
-            self._ids.clear()
-            self.generation += 1
+            self._place_plans.clear()
+            self._reset()
 
     def placement(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...],
                   mask: bytes | None = None) -> tuple[frozenset[int], Rank] | None:
         key = (view.shape, selector_mask(view, demands) if mask is None else mask, used, demands)
-        if key not in self._place:
-            self._place[key] = place_ranked(view, used, demands)
-        return self._place[key]
+        got: tuple[frozenset[int], Rank] | None = self._place.get(key, _MISSING)
+        if got is _MISSING:
+            # Without selectors one claim of the common shape has a closed form per shape (fleet.packing).
+            pkey = (view.shape, demands)
+            if pkey not in self._place_plans:
+                self._place_plans[pkey] = (None if any(d.has_selectors for d in demands)
+                                           else place_plan(view, demands))
+            plan = self._place_plans[pkey]
+            got = self._place[key] = placed(plan, used) if plan is not None else place_ranked(view, used, demands)
+        return got
 
     def cost(self, view: NodeView, used: frozenset[int], demands: tuple[Demand, ...], mix: Mix,
              classes: list[tuple[int, Demand, float]] | None = None,

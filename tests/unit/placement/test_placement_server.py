@@ -122,13 +122,16 @@ def post(url: str, body: bytes) -> tuple[int, Any]:
 
 
 def test_prioritize_speaks_the_extender_protocol(served: tuple[str, Placement]) -> None:
-    url, _p = served
+    url, placement = served
     pod = {"metadata": {"name": "p", "namespace": "ns"},
            "spec": {"resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one"}]}}
-    code, body = post(f"{url}/prioritize", json.dumps({"Pod": pod, "NodeNames": ["a", "b", "c", "x"]}).encode())
+    args = {"Pod": pod, "NodeNames": ["a", "b", "c", "x"]}
+    code, body = post(f"{url}/prioritize", json.dumps(args).encode())
     assert code == 200
     assert body == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 1}, {"Host": "c", "Score": 1},
                     {"Host": "x", "Score": 0}]
+    # What the server sends is the objects' JSON (placement.reply builds it without them).
+    assert placement.prioritize_json(args) == json.dumps(placement.prioritize(args), separators=(",", ":")).encode()
     # Go decodes field names case-insensitively; Nodes (nodeCacheCapable: false) works too.
     code, body = post(f"{url}/prioritize", json.dumps(
         {"pod": pod, "nodes": {"items": [{"metadata": {"name": "b"}}]}}).encode())
@@ -177,3 +180,15 @@ def test_scheduler_configuration_rejects_what_the_harness_owns_or_cannot_run(bas
         localcluster.scheduler_configuration(base, Path("/k"))
     with pytest.raises(localcluster.ClusterError):
         localcluster.extender_stanza("127.0.0.1:9417")
+
+
+def test_warm_builds_every_node_state_before_the_first_call() -> None:
+    st = state({"a": "dgx-h100", "b": "dgx-h100", "c": "dgx-a100-80gb"})
+    hold(st, "a", ["gpu-0"])
+    placement = Placement(Cache(ScriptedKube({}), st), DEFAULT_PRIOR, 20)
+    assert placement.states.states.of == {}
+    placement.warm("slices")
+    states = placement.states.states
+    assert set(states.of) == {"a", "b", "c"} and states.of["b"] != states.of["a"]
+    # the first call finds them current: nothing left to refresh
+    assert st.changed_since(states._mark) == []
