@@ -15,8 +15,8 @@ never pay for it. ``get`` has ``SnapshotCache.get``'s contract (a Snapshot, or w
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from topodra.apipaths import claim_path, device_class_path, device_taint_rule_path, node_path, pod_path, slices_path
@@ -28,10 +28,11 @@ from topodra.fleet.pools import pool_of
 from topodra.fleet.taints import blocking, rule_matches, rule_taint
 from topodra.informer import Informer, Source, settle_heap
 from topodra.kube import Kube, Obj
-from topodra.selectors import domain_attributes
+from topodra.selectors import DeviceMatch, domain_attributes
 
 log = logging.getLogger(__name__)
 
+MatchSource = Callable[[DeviceMatch, str], tuple[PublishedDevice, ...]]
 BASE_KINDS = ("slices", "claims", "classes", "nodes", "taintrules")
 # Pods that hold node CPU and memory: bound and not finished (operator.HOLDING_PODS, the same selector).
 HOLDING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -56,6 +57,15 @@ class SliceFacts:
     pool: str
     generation: int
     devices: tuple[PublishedDevice, ...]
+    # (driver, class predicate) -> indices of the devices it selects: kept while the slice is unchanged.
+    matched: dict[tuple[str, DeviceMatch], tuple[int, ...]] = field(default_factory=dict, compare=False)
+
+    def matching(self, match: DeviceMatch, driver: str) -> tuple[int, ...]:
+        got = self.matched.get((driver, match))
+        if got is None:
+            got = self.matched[(driver, match)] = tuple(
+                i for i, d in enumerate(self.devices) if d.matches(match, driver))
+        return got
 
 
 def slice_facts(obj: Obj, driver: str) -> SliceFacts:
@@ -97,7 +107,8 @@ class WatchedFacts:
         self._pods: dict[tuple[str, str], Obj] = {}
         self._version = 0  # bumped by every change of a base kind
         self._devices_version = 0  # bumped by every change of slices or rules (what ``devices`` is built of)
-        self._devices: tuple[int, tuple[PublishedDevice, ...], dict[Any, Any]] | None = None  # with the match memo
+        # (version, devices, how to match them slice by slice, the snapshot's match memo)
+        self._devices: tuple[int, tuple[PublishedDevice, ...], MatchSource, dict[Any, Any]] | None = None
         self._pods_version = 0  # bumped by every change of pods or nodes (free CPU/memory)
         self._snapshot: tuple[int, Snapshot] | None = None
         self._host: tuple[int, HostResources] | None = None
@@ -231,33 +242,42 @@ class WatchedFacts:
         if self._snapshot is not None and self._snapshot[0] == self._version:
             return self._snapshot[1]
         if self._devices is None or self._devices[0] != self._devices_version:
-            self._devices = (self._devices_version, self._published(), {})
-        _v, devices, matched = self._devices
+            self._devices = (self._devices_version, *self._published(), {})
+        _v, devices, source, matched = self._devices
         allocated = frozenset(k for held in self._claims.values() for k in held)
         snap = Snapshot(
             devices=devices, allocated=allocated, classes=dict(self._classes),
             unavailable_nodes=frozenset(n for n, (ok, _labels) in self._node_facts.items() if not ok),
-            node_labels={n: dict(labels) for n, (_ok, labels) in self._node_facts.items()}, matched=matched)
+            node_labels={n: dict(labels) for n, (_ok, labels) in self._node_facts.items()}, matched=matched,
+            match_source=source)
         self._snapshot = (self._version, snap)
         self.builds += 1
         return snap
 
-    def _published(self) -> tuple[PublishedDevice, ...]:
+    def _published(self) -> tuple[tuple[PublishedDevice, ...], MatchSource]:
         """The newest generation's devices of each pool, in list order, blocked by slice or rule taints
-        (``availability.published_devices`` of the same objects)."""
+        (``availability.published_devices`` of the same objects), and how to find those a class selects from
+        what each slice's devices matched before (a slice event re-matches only that slice's devices)."""
         newest: dict[str, int] = {}
         for s in self._slices.values():
             newest[s.pool] = max(newest.get(s.pool, -1), s.generation)
         devices: list[PublishedDevice] = []
+        spans: list[tuple[SliceFacts, int]] = []  # each counted slice and where its devices start
         for name in sorted(self._slices):  # the order a list returns them in
             s = self._slices[name]
             if s.generation == newest[s.pool]:
+                spans.append((s, len(devices)))
                 devices.extend(s.devices)
         if self._rules:
             rules = [r for r in self._rules.values() if blocking([rule_taint(r) or {}])]
             devices = [replace(d, blocked=True) if not d.blocked and any(
                 rule_matches(r, self.driver, d.pool, d.name) for r in rules) else d for d in devices]
-        return tuple(devices)
+        out = tuple(devices)
+
+        def source(match: DeviceMatch, driver: str) -> tuple[PublishedDevice, ...]:
+            return tuple(out[start + i] for s, start in spans for i in s.matching(match, driver))
+
+        return out, source
 
     def _build_host(self) -> HostResources:
         if self._host is None or self._host[0] != self._pods_version:

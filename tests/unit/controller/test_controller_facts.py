@@ -8,10 +8,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from test_controller_availability import CLASSES, hgx, prof, slice_
 from testkit.scripted import ScriptedKube
 
-from topodra.controller.availability import Snapshot, make_snapshot, profile_availability
+from topodra.controller.availability import PublishedDevice, Snapshot, make_snapshot, profile_availability
 from topodra.controller.facts import HOLDING_PODS, WatchedFacts
 from topodra.controller.operator import HOLDING_PODS as OPERATOR_HOLDING_PODS
 from topodra.informer import gc_paused
@@ -136,6 +137,39 @@ def test_events_update_the_snapshot_and_an_unchanged_pass_builds_nothing() -> No
         third = _snap(f)
         assert third.matched is not first.matched  # devices changed: matched again
         assert [s.devices_total for s in statuses(third)[0]] == [16, 0]
+    finally:
+        f.close()
+        for g in kube.gates.values():
+            g.set()
+        kube.idle.set()
+
+
+def test_a_slice_event_matches_only_that_slices_devices_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    changed = hgx("c")
+    changed["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoExecute"}]
+    kube = Gated(script(**{SLICES: [("list", SLICE_OBJS, "5"), ("watch", [{"type": "MODIFIED", "object": changed}])]}))
+    f = facts_on(kube)
+    calls: list[str] = []
+    real = PublishedDevice.matches
+
+    def counted(self: PublishedDevice, match: Any, driver: str) -> bool:
+        calls.append(self.pool)
+        return real(self, match, driver)
+
+    monkeypatch.setattr(PublishedDevice, "matches", counted)
+    try:
+        h200 = _match("gpu-h200")
+        before = _snap(f).matching(h200, D)
+        assert len(calls) == len(_snap(f).devices)  # the first pass tests every device once
+        seen = f.versions()[1]
+        kube.gate(SLICES).set()
+        assert until(lambda: f.versions()[1] != seen)
+        calls.clear()
+        after = _snap(f).matching(h200, D)
+        assert calls == ["c"] * 16  # a's and b's slices are not matched again
+        assert after == tuple(d for d in _snap(f).devices if real(d, h200, D))
+        assert next(d.blocked for d in after if d.pool == "c")  # the event's taint counts ...
+        assert not next(d.blocked for d in before if d.pool == "c")  # ... and was not there before
     finally:
         f.close()
         for g in kube.gates.values():
