@@ -170,6 +170,8 @@ class Informer:
                             return
                     backoff = 1.0
             except KubeError as e:
+                if self.stop.is_set():
+                    return  # closed: the server going away now is no failure to report or retry
                 self.errors[src.kind] = str(e)
                 if src.optional and e.status in (403, 404):
                     with self.lock:
