@@ -15,6 +15,7 @@ never pay for it. ``get`` has ``SnapshotCache.get``'s contract (a Snapshot, or w
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -113,6 +114,7 @@ class WatchedFacts:
         self._snapshot: tuple[int, Snapshot] | None = None
         self._host: tuple[int, HostResources] | None = None
         self.builds = 0  # snapshots built (a pass after no change builds none)
+        self._adding = threading.Lock()
         self.informer = Informer(kube, base_sources(driver), self._replace, self._apply,
                                  watch_timeout=watch_timeout, after_relist=lambda _kind: settle_heap())
 
@@ -225,8 +227,9 @@ class WatchedFacts:
             snap = self._build()
         if not host:
             return snap
-        if not self.informer.watches("pods"):
-            self.informer.add(Source("pods", pod_path(), HOLDING_PODS))
+        with self._adding:  # passes run in several threads: the first one starts the watch
+            if not self.informer.watches("pods"):
+                self.informer.add(Source("pods", pod_path(), HOLDING_PODS))
         if not self.informer.wait_synced(self.sync_wait, ["pods"]):
             why = f"cannot list pods ({self._not_listed(['pods'])}); free CPU and memory are not counted"
             return replace(snap, host_error=why)

@@ -280,6 +280,25 @@ def test_pods_are_watched_only_once_a_pass_asks_for_host_resources() -> None:
         kube.idle.set()
 
 
+def test_passes_in_several_threads_start_one_pod_watch() -> None:
+    kube = ScriptedKube(script(**{PODS: [("list", [pod("p", "a", "60")], "5")]}))
+    f = facts_on(kube)
+    try:
+        _snap(f)
+        got: list[Any] = []
+        threads = [threading.Thread(target=lambda: got.append(f.get(host=True))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert len(got) == 8 and all(not isinstance(g, str) and g.host is not None for g in got)
+        assert [c for c in kube.calls if c[1] == PODS][:1] == [("list", PODS)]
+        assert sum(1 for c in kube.calls if c == ("list", PODS)) == 1
+    finally:
+        f.close()
+        kube.idle.set()
+
+
 def test_unlistable_pods_leave_the_snapshot_without_a_host_view() -> None:
     kube = Forbidding(script(), {PODS: 403})
     f = facts_on(kube, sync_wait=0.5)
