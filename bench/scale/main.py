@@ -14,8 +14,11 @@ Rows (``--rows``):
 * ``etcd``: ResourceSlices stored, their devices and bytes (compact JSON, as watchers get them) and etcd's
   database size (``etcd_mvcc_db_total_size_in_bytes``).
 * ``inventory``: ``topodra inventory`` as a table, ``-o json`` and ``--png`` (median of ``--runs`` runs).
-* ``controller``: one ClaimProfile availability pass in process (list slices, claims, classes, nodes and taint
-  rules, build the fleet snapshot, evaluate ``PROFILES``): process CPU and wall time.
+* ``controller``: one ClaimProfile availability pass in process as ``topodra controller`` runs it, from its
+  watched facts (``controller/facts.py``) right after a slice event (snapshot + ``PROFILES``): process CPU and
+  wall time (``cpu_s``, ``wall_s``); after a node event (``node_event_cpu_s``); the watches' initial list and
+  sync (``initial_cpu_s``), and the listing pass of before in the same run (``list_cpu_s``: list slices, claims,
+  classes, nodes and taint rules, build the snapshot, evaluate).
 * ``scorer``: the placement scorer's view built from the listed objects, filled to ~50% with first-fit claims
   (as ``bench/scorer_latency``); thread CPU and wall p50/p99 per ``prioritize`` over all nodes (scoring and
   the reply's JSON, ``bench.scorer_latency.main.responder``); the view's
@@ -98,7 +101,8 @@ CURVES: tuple[tuple[str, str], ...] = (
     ("simulate", "wall_s"), ("simulate", "publish_s"), ("simulate", "requests"), ("simulate", "request_bytes"),
     ("etcd", "slices"), ("etcd", "slice_bytes"), ("etcd", "db_bytes"),
     ("inventory", "table_s"), ("inventory", "json_s"), ("inventory", "png_s"),
-    ("controller", "cpu_s"), ("scorer", "cpu_p99_ms"), ("scorer", "view_mib"),
+    ("controller", "cpu_s"), ("controller", "initial_cpu_s"), ("controller", "list_cpu_s"),
+    ("scorer", "cpu_p99_ms"), ("scorer", "view_mib"),
     ("publisher", "requests_per_hour"),
 )
 # Profiles evaluated by one controller pass: the shapes users write (fallback chains, NVLink, rail-aligned).
@@ -252,19 +256,67 @@ def _pil_size(png: Path) -> Iterator[list[int] | None]:
 
 
 def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
+    """One ClaimProfile refresh pass as ``topodra controller`` runs it: from its watched facts
+    (``controller/facts.py``) right after a slice event, so the devices are rebuilt and matched against every
+    class again (the dearest change; ``node_event_cpu_s``: after a node event, the devices and their matches
+    kept). The initial list + sync of the watches is reported apart (``initial_cpu_s``), and the listing pass
+    the controller ran before (``SnapshotCache``: list and decode every pass) in the same run (``list_cpu_s``).
+    Process CPU: the watch threads' parsing counts. All three must give the same availability."""
+    from topodra.controller.facts import WatchedFacts
+
+    def devices_of(statuses: list[list[Any]]) -> list[list[tuple[Any, ...]]]:
+        return [[(a.name, a.known, a.devices_total, a.devices_free) for a in alts] for alts in statuses]
+
     kube = lc.kube()
     profiles = [ClaimProfile.model_validate({"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
                                              "metadata": {"name": f"p{i}", "namespace": "default"}, "spec": spec})
                 for i, spec in enumerate(PROFILES)]
     cache = SnapshotCache(ControllerConfig(snapshot_ttl_s=0.0))
     c0, t0 = time.process_time(), time.perf_counter()
-    snap = cache.get(kube)
-    if isinstance(snap, str):
-        raise ScaleError(f"controller snapshot: {snap}")
-    statuses = [profile_availability(p, snap) for p in profiles]
-    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    return {"cpu_s": cpu, "wall_s": wall, "devices": len(snap.devices), "profiles": len(profiles),
-            "free_first_alternative": [s[0].devices_free for s in statuses]}
+    listed = cache.get(kube)
+    if isinstance(listed, str):
+        raise ScaleError(f"controller snapshot: {listed}")
+    want = [profile_availability(p, listed) for p in profiles]
+    list_cpu, list_wall = time.process_time() - c0, time.perf_counter() - t0
+    devices = len(listed.devices)
+    del listed
+    facts = WatchedFacts(lc.kube(), DRIVER)
+    c0, t0 = time.process_time(), time.perf_counter()
+    facts.start()
+    try:
+        if not facts.wait_synced(300):
+            raise ScaleError("controller: the watches did not list within 300 s")
+        initial_cpu, initial_wall = time.process_time() - c0, time.perf_counter() - t0
+
+        def pass_after(change: Callable[[], Any], which: int) -> tuple[float, float]:
+            seen = facts.versions()[which]
+            change()
+            deadline = time.monotonic() + 60
+            while facts.versions()[which] == seen:  # the event is applied by the watch thread
+                if time.monotonic() > deadline:
+                    raise ScaleError("controller: the watch did not deliver the change within 60 s")
+                time.sleep(0.02)
+            c1, t1 = time.process_time(), time.perf_counter()
+            snap = facts.get(kube)
+            if isinstance(snap, str):
+                raise ScaleError(f"controller facts: {snap}")
+            got = [profile_availability(p, snap) for p in profiles]
+            cpu, wall = time.process_time() - c1, time.perf_counter() - t1
+            if devices_of(got) != devices_of(want):  # nodesFit may move: the node controller marks nodes
+                raise ScaleError(f"controller: the watched pass disagrees with the listing pass: {got} != {want}")
+            return cpu, wall
+
+        first_slice = next(iter(kube.list(slices_path(), field_selector=f"spec.driver={DRIVER}")))["metadata"]["name"]
+        first_node = next(iter(kube.list(node_path())))["metadata"]["name"]
+        touch = {"metadata": {"labels": {"bench.topodra.io/touched": str(time.time_ns())}}}
+        cpu, wall = pass_after(lambda: kube.merge_patch(slices_path(first_slice), touch), 1)
+        node_cpu, _ = pass_after(lambda: kube.merge_patch(node_path(first_node), touch), 0)
+    finally:
+        facts.close()
+    return {"cpu_s": cpu, "wall_s": wall, "node_event_cpu_s": node_cpu, "initial_cpu_s": initial_cpu,
+            "initial_wall_s": initial_wall, "list_cpu_s": list_cpu, "list_wall_s": list_wall,
+            "devices": devices,
+            "profiles": len(profiles), "free_first_alternative": [s[0].devices_free for s in want]}
 
 
 def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ with ``known: false`` and no counts rather than with a guess.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -107,6 +107,24 @@ class Snapshot:
     # nodesFit counts devices only, and ``host_error`` says why when a read was asked for and failed.
     host: HostResources | None = field(default=None, compare=False)
     host_error: str = ""
+    # The devices each class predicate selects, by (driver, predicate), filled on first use. Snapshots with the
+    # same ``devices`` share it (``controller.facts``: a pass after a claim or node change matches no device
+    # again); matching every device against every alternative's class was 0.2 of 0.3 s CPU at 2,048 nodes.
+    matched: dict[tuple[str, DeviceMatch], tuple[PublishedDevice, ...]] = field(
+        default_factory=dict, compare=False, repr=False)
+    # How to fill ``matched`` when not by testing every device (``controller.facts``: from what each slice's
+    # devices matched before, so a slice event re-matches that slice alone). Same result, in ``devices`` order.
+    match_source: Callable[[DeviceMatch, str], tuple[PublishedDevice, ...]] | None = field(
+        default=None, compare=False, repr=False)
+
+    def matching(self, match: DeviceMatch, driver: str) -> tuple[PublishedDevice, ...]:
+        """The devices ``match`` selects, in ``devices`` order."""
+        got = self.matched.get((driver, match))
+        if got is None:
+            got = (self.match_source(match, driver) if self.match_source is not None
+                   else tuple(d for d in self.devices if d.matches(match, driver)))
+            self.matched[(driver, match)] = got
+        return got
 
 
 def published_devices(slices: Iterable[Obj], driver: str, taint_rules: Iterable[Obj] = ()) -> list[PublishedDevice]:
@@ -216,15 +234,15 @@ def alternative_status(alt: Alternative, profile: ClaimProfile, snap: Snapshot, 
         return AlternativeStatus(name, cls, count, known=False, message=why)
     if profile.spec.topology.nic == "RailAligned" and nic_match is None:
         return AlternativeStatus(name, cls, count, known=False, message="the NIC class cannot be evaluated")
-    chosen = [d for d in snap.devices if d.matches(match, driver)]
+    chosen = snap.matching(match, driver)
     free = [d for d in chosen if (d.pool, d.name) not in snap.allocated and not d.blocked]
     free_by_node: dict[str, list[PublishedDevice]] = defaultdict(list)
     for d in free:
         free_by_node[d.node].append(d)
     nics_by_node: dict[str, list[PublishedDevice]] = defaultdict(list)
     if nic_match is not None:
-        for d in snap.devices:
-            if d.matches(nic_match, driver) and (d.pool, d.name) not in snap.allocated and not d.blocked:
+        for d in snap.matching(nic_match, driver):
+            if (d.pool, d.name) not in snap.allocated and not d.blocked:
                 nics_by_node[d.node].append(d)
     device_fit = [node for node, gpus in free_by_node.items()
                   if node not in snap.unavailable_nodes

@@ -22,11 +22,11 @@ from collections.abc import Callable
 
 from topodra import DEFAULT_DRIVER_NAME, cpudriver
 from topodra.controller.cpucheck import CpuSettings
+from topodra.controller.facts import WatchedFacts
 from topodra.controller.leader import LeaderElector
 from topodra.controller.operator import (
     ControllerConfig,
     RefreshLoop,
-    SnapshotCache,
     build_registry,
     kopf_settings,
     refresh_all,
@@ -141,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
                 elector.release()
                 kube.close()
                 return 0
-    cache = SnapshotCache(cfg)
+    # Availability reads watched facts (controller/facts.py), with a client of its own: its watches hold
+    # their connections for minutes and must not take those of the handlers' requests.
+    cache = WatchedFacts(Kube.from_kubeconfig(args.kubeconfig), cfg.driver)
+    cache.start()
     loop = RefreshLoop(kube, cfg, cache, stop=stop)
     if not term.is_set():
         try:
@@ -176,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         block_stop_signals(False)
         stop.set()
         loop.join()
+        cache.close()
         if elector is not None and not lost.is_set():
             elector.release()
         kube.close()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.apipaths import (
@@ -61,6 +61,7 @@ from topodra.controller.render import (
     render_template,
 )
 from topodra.fleet.hostres import HostResources
+from topodra.informer import gc_paused
 from topodra.kube import Kube, KubeError, load_configuration
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,13 @@ class Outcome:
 HOLDING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 
+class Facts(Protocol):
+    """Where a pass reads its Snapshot: ``SnapshotCache`` (lists, rate-limited) or ``controller.facts``'s
+    ``WatchedFacts`` (watches; what ``topodra controller`` runs)."""
+
+    def get(self, kube: Kube, host: bool = False) -> Snapshot | str: ...
+
+
 @dataclass
 class _Slot:
     """One cached read: its value (or why it failed), when it was read, and the read in flight."""
@@ -111,6 +119,9 @@ class _Slot:
 
 class SnapshotCache:
     """Cluster facts for availability, re-read at most once per ``ttl`` (rate limit).
+
+    The controller itself keeps them watched (``controller.facts.WatchedFacts``): at 2,048 nodes a re-read
+    decodes ~24 MiB of JSON per pass. This listing cache stays for one-shot callers and tests.
 
     Two reads: the base (slices, claims, classes, nodes, DeviceTaintRules) for every profile, and the bound
     pods, only when a profile states its pods' CPU/memory (``controller/hostfit.py``): the pod list is the
@@ -165,6 +176,10 @@ class SnapshotCache:
             mine.set()
 
     def _read_base(self, kube: Kube) -> tuple[Snapshot, list[Obj]] | str:
+        with gc_paused():  # the decode's collections were half of a 2,048-node pass (informer.gc_paused)
+            return self._list_base(kube)
+
+    def _list_base(self, kube: Kube) -> tuple[Snapshot, list[Obj]] | str:
         try:
             slices = list(kube.list(slices_path(), field_selector=f"spec.driver={self._cfg.driver}"))
             claims = list(kube.list(claim_path()))
@@ -339,7 +354,7 @@ def post_event(kube: Kube, body: Obj, etype: str, reason: str, message: str) -> 
         log.warning("profile %s/%s: could not post event %s: %s", ns, meta.get("name"), reason, e)
 
 
-def process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: SnapshotCache) -> Outcome:
+def process(kube: Kube, body: Obj, cfg: ControllerConfig, cache: Facts) -> Outcome:
     """Reconcile one profile, compute availability, write status, post an Event on a change.
 
     The snapshot is read before the pass lock is taken: its lists are the pass's biggest reads."""
@@ -438,7 +453,7 @@ def list_profiles(kube: Kube, namespaces: Iterable[str]) -> list[Obj]:
     return [p for ns in nss for p in kube.list(profile_path(ns))]
 
 
-def refresh_all(kube: Kube, cfg: ControllerConfig, cache: SnapshotCache) -> int:
+def refresh_all(kube: Kube, cfg: ControllerConfig, cache: Facts) -> int:
     """One pass over every watched profile; returns how many failed (each is logged)."""
     failed = 0
     try:
@@ -472,7 +487,7 @@ class RefreshLoop:
 
     kube: Kube
     cfg: ControllerConfig
-    cache: SnapshotCache
+    cache: Facts
     stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -508,7 +523,7 @@ def connection_info(kubeconfig: str | None) -> Any:
     )
 
 
-def build_registry(kube: Kube, kubeconfig: str | None, cfg: ControllerConfig, cache: SnapshotCache) -> Any:
+def build_registry(kube: Kube, kubeconfig: str | None, cfg: ControllerConfig, cache: Facts) -> Any:
     """A kopf registry with our login and ClaimProfile handlers (no global state)."""
     import kopf
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from test_placement_server import ScriptedKube
+from testkit.scripted import ScriptedKube
 from testkit.views import device_classes, node_slices
 
 from topodra.fleet.state import ClusterState
