@@ -168,11 +168,13 @@ def release_reason(ref: ClaimRef, obj: dict[str, Any] | None, held: frozenset[He
     ``obj``: its ResourceClaim now (None: not found); ``held``: what its checkpoint entry holds.
     Deleted or replaced (a UID is never reused) is final. So is an allocation that no longer names
     exactly these devices of our driver: the kube-controller-manager's resourceclaim controller
-    clears ``status.allocation`` once the claim's last consumer is done (a pod in a terminal phase,
-    or deleted and never scheduled: ``pkg/controller/resourceclaim/controller.go``, ``syncClaim``
-    and ``isPodDone``), so no container of the claim runs, and the scheduler may give the devices to
-    another claim; a new allocation of the same claim is a new preparation. Such an entry is what an
-    unprepare whose checkpoint rename a power loss undid leaves behind (docs/prepare.md, *Durability*).
+    clears ``status.allocation`` once the claim's last consumer is done or gone (a pod in a terminal
+    phase, deleted and never scheduled, or no longer in the API, which short of a forced deletion
+    happens only after the kubelet stopped its containers: Kubernetes v1.37.2
+    ``pkg/controller/resourceclaim/controller.go``, ``syncClaim`` and ``isPodDone``), so no container
+    of the claim runs, and the scheduler may give the devices to another claim; a new allocation of
+    the same claim is a new preparation. Such an entry is what an unprepare whose checkpoint rename a
+    power loss undid leaves behind (docs/prepare.md, *Durability*).
     """
     if obj is None:
         return "its ResourceClaim was deleted"
