@@ -1,10 +1,12 @@
-"""Claims deleted or replaced while the plugin was down: the cleanup pass at start unprepares exactly those.
+"""Claims deleted, replaced or deallocated while the plugin was down: the cleanup pass at start unprepares those.
 
 Each round prepares 1-6 claims, "stops the plugin", deletes some ResourceClaims,
-re-creates some under the same name (a new UID), makes the API unreadable for
-some, restarts (a fresh ``DeviceState``) and runs ``cleanup.cleanup_once``. Lost:
-a deleted or replaced claim still prepared, a live or unreadable one unprepared,
-an API read made while the prepare lock was held, or a broken invariant.
+re-creates some under the same name (a new UID), deallocates some (what the
+resourceclaim controller does once a claim's pods are done: the state an unprepare
+lost in a power loss leaves), makes the API unreadable for some, restarts (a fresh
+``DeviceState``) and runs ``cleanup.cleanup_once``. Lost: a deleted, replaced or
+deallocated claim still prepared, a live or unreadable one unprepared, an API read
+made while the prepare lock was held, or a broken invariant.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def one_round(node: Node, r: int, rng: random.Random, counts: dict[str, int]) ->
             del api[(ref.namespace, ref.name)]
         elif fate[ref.uid] == "replaced":
             api[(ref.namespace, ref.name)] = claim_obj(ref.namespace, ref.name, f"new-{ref.uid}", ["gpu-0"])
+        elif fate[ref.uid] == "deallocated":
+            api[(ref.namespace, ref.name)]["status"] = {}
     st = node.state()  # the restart
     under_lock: list[bool] = []
 
@@ -68,7 +72,7 @@ def run(rounds: int, seed: int = 5, root: Path | None = None) -> dict[str, Any]:
     quiet()
     rng = random.Random(seed)
     lost: list[str] = []
-    counts = {"deleted": 0, "replaced": 0, "unreadable": 0, "live": 0}
+    counts = {"deleted": 0, "replaced": 0, "deallocated": 0, "unreadable": 0, "live": 0}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="topodra-cleanup-", dir=root) as tmp:
         for r in range(rounds):

@@ -15,7 +15,15 @@ from typing import Any
 
 from topodra import cdi
 from topodra.checkpoint import PREPARE_COMPLETED, Access, CheckpointData, CheckpointDevice, ClaimEntry
-from topodra.claims import AllocatedClaim, ClaimError, ClaimRef, FetchedClaim, UnavailableClaim
+from topodra.claims import (
+    AllocatedClaim,
+    ClaimError,
+    ClaimRef,
+    FetchedClaim,
+    UnavailableClaim,
+    allocated_devices,
+    held_by,
+)
 from topodra.devices import Device
 from topodra.effects.base import GpuEffect
 from topodra.hostdriver import HostDriver
@@ -94,6 +102,12 @@ def plan_batch(claims: Sequence[FetchedClaim], data: CheckpointData, devices: Ma
         if existing is not None and (existing.namespace, existing.name) != (c.ref.namespace, c.ref.name):
             results[c.ref.uid] = PrepareResult([], f"claim {c.ref}: UID {c.ref.uid} is prepared on node "
                                                    f"{node} as claim {existing.ref}; not answered")
+        elif existing is not None and isinstance(c, AllocatedClaim) and allocated_devices(c, node) != held_by(existing):
+            # Only after a lost unprepare (a power loss undid its rename) and a new allocation of the same claim:
+            # never answer the old devices. The cleanup pass releases the old entry; the kubelet retries.
+            results[c.ref.uid] = PrepareResult([], f"claim {c.ref}: prepared on node {node} with other devices "
+                                                   "than it is allocated now (an unprepare lost in a reboot); "
+                                                   "the claim cleanup releases the old preparation, then retry")
         elif existing is not None:
             repeats.append(existing)
         elif isinstance(c, UnavailableClaim):

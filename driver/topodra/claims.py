@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from topodra.checkpoint import Access
+from topodra.checkpoint import Access, ClaimEntry
 from topodra.sharing.config import ConfigError, Sharing, resolve
 
 
@@ -147,9 +147,46 @@ def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str,
     return AllocatedClaim(ref, tuple(devices))
 
 
-def is_stale(ref: ClaimRef, obj: dict[str, Any] | None) -> bool:
-    """True when a prepared claim's ResourceClaim (None: not found) is gone for good: deleted or replaced.
+HeldDevice = tuple[str, str, str | None]
+"""(pool, device, shareID) of one device a checkpoint entry holds, as its allocation result names it."""
 
-    A UID is never reused, so neither case can come back, and nothing can use the claim any more.
+
+def held_by(entry: ClaimEntry) -> frozenset[HeldDevice]:
+    """What a checkpoint entry holds."""
+    return frozenset((d.pool_name, d.device_name, d.share_id) for d in entry.devices)
+
+
+def allocated_devices(claim: AllocatedClaim, pool_name: str) -> frozenset[HeldDevice]:
+    """What a checked claim's allocation names (all of this node's pool)."""
+    return frozenset((pool_name, d.device, d.share_id) for d in claim.devices)
+
+
+def release_reason(ref: ClaimRef, obj: dict[str, Any] | None, held: frozenset[HeldDevice],
+                   driver_name: str) -> str | None:
+    """Why a prepared claim no longer needs the devices it holds on this node (pure); None while it may.
+
+    ``obj``: its ResourceClaim now (None: not found); ``held``: what its checkpoint entry holds.
+    Deleted or replaced (a UID is never reused) is final. So is an allocation that no longer names
+    exactly these devices of our driver: the kube-controller-manager's resourceclaim controller
+    clears ``status.allocation`` once the claim's last consumer is done or gone (a pod in a terminal
+    phase, deleted and never scheduled, or no longer in the API, which short of a forced deletion
+    happens only after the kubelet stopped its containers: Kubernetes v1.37.2
+    ``pkg/controller/resourceclaim/controller.go``, ``syncClaim`` and ``isPodDone``), so no container
+    of the claim runs, and the scheduler may give the devices to another claim; a new allocation of
+    the same claim is a new preparation. Such an entry is what an unprepare whose checkpoint rename a
+    power loss undid leaves behind (docs/prepare.md, *Durability*).
     """
-    return obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid
+    if obj is None:
+        return "its ResourceClaim was deleted"
+    api_uid = (obj.get("metadata") or {}).get("uid")
+    if api_uid != ref.uid:
+        return f"its ResourceClaim was replaced (the API has UID {api_uid})"
+    allocation = (obj.get("status") or {}).get("allocation")
+    if not allocation:
+        return "its ResourceClaim is no longer allocated"
+    now = frozenset((str(r.get("pool", "")), str(r.get("device", "")), str(r["shareID"]) if r.get("shareID") else None)
+                    for r in (allocation.get("devices") or {}).get("results") or []
+                    if r.get("driver") == driver_name)
+    if now != held:
+        return "its ResourceClaim is allocated other devices now"
+    return None

@@ -28,7 +28,7 @@ from topodra import cdi, checkpoint, claimplan, crashpoints, effects, recovery
 from topodra.atomicfile import Sync
 from topodra.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, CheckpointCorrupt, CheckpointData, ClaimEntry
 from topodra.claimplan import Planned, PreparedDevice, PrepareResult
-from topodra.claims import ClaimError, ClaimRef, FetchedClaim
+from topodra.claims import ClaimError, ClaimRef, FetchedClaim, HeldDevice, held_by
 from topodra.crashpoints import CRASH_EXIT_CODE, CRASH_POINTS
 from topodra.devices import Device
 from topodra.effects import GpuEffect
@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCK_FILE = "serialize.lock"
+KEPT = "kept: prepared again after the cleanup pass read its ResourceClaim"
+
+
+@dataclass(frozen=True)
+class _Release(ClaimRef):
+    """A claim the cleanup pass releases: kept if a prepare answered it after ``since`` (``prepare_mark``)."""
+
+    since: int = 0
 
 T = TypeVar("T")
 Item = TypeVar("Item", ClaimRef, FetchedClaim)
@@ -93,6 +101,8 @@ class DeviceState:
         self._lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queues: dict[str, list[_Call[Any, Any]]] = {"prepare": [], "unprepare": []}
+        self._prepares = 0  # prepare sections served (under the lock); _answered: uid -> the last that answered it
+        self._answered: dict[str, int] = {}
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cdi_root.mkdir(parents=True, exist_ok=True)
         self._flock = FileLock(self.state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -107,7 +117,7 @@ class DeviceState:
         """Prepare a batch (UIDs unique); one result per claim UID (errors per claim, never raised)."""
         if not claims:
             return {}
-        results = self._batch("prepare", claims, lambda c: c.ref, self._prepare_locked,
+        results = self._batch("prepare", claims, lambda c: c.ref, self._prepare_counted,
                               lambda e: PrepareResult([], e))
         ok = [uid for uid, r in results.items() if not r.error]
         for uid, err in self._after_prepare(ok).items():
@@ -154,10 +164,27 @@ class DeviceState:
         data = self._load()
         return [ClaimRef(namespace=e.namespace, uid=e.uid, name=e.name) for e in data.claims.values()]
 
-    def cleanup(self, stale: Sequence[ClaimRef]) -> tuple[dict[str, str], list[str]]:
-        """Unprepare ``stale`` claims (their ResourceClaim is gone; the caller checked, outside the lock)
-        and delete orphan specs; returns the unprepare answers and the orphan UIDs removed."""
-        answers = self.unprepare(stale)
+    def held_devices(self) -> dict[str, tuple[ClaimRef, frozenset[HeldDevice]]]:
+        """uid → (claim, the (pool, device, shareID) it holds) for each checkpointed claim, read without the lock."""
+        return {e.uid: (ClaimRef(namespace=e.namespace, uid=e.uid, name=e.name), held_by(e))
+                for e in self._load().claims.values()}
+
+    def prepare_mark(self) -> int:
+        """Take before reading claims for ``cleanup(..., since=)``: prepares answered later keep their claims."""
+        return self._prepares
+
+    def cleanup(self, stale: Sequence[ClaimRef], since: int | None = None) -> tuple[dict[str, str], list[str]]:
+        """Unprepare ``stale`` claims (the caller read their ResourceClaims outside the lock: deleted, replaced
+        or released, ``claims.release_reason``) and delete orphan specs; returns the unprepare answers and the
+        orphan UIDs removed.  ``since``: the ``prepare_mark()`` taken before those reads; a claim that a prepare
+        of this process answered after it is kept (an allocation can come back between the read and now), and
+        left out of the answers."""
+        refs: Sequence[ClaimRef] = stale if since is None else [
+            _Release(namespace=r.namespace, uid=r.uid, name=r.name, since=since) for r in stale]
+        answers = self.unprepare(refs)
+        for uid in [u for u, err in answers.items() if err == KEPT]:
+            del answers[uid]
+            log.info("node %s: claim uid=%s was prepared again after the cleanup read; kept", self.node_name, uid)
         with self._lock, self._node_locked("cleanup"):
             orphans = self._remove_orphans(self._load())
         if orphans:
@@ -236,10 +263,14 @@ class DeviceState:
         """Write the checkpoint before its answer goes to the kubelet (docs/prepare.md, *Durability*).
 
         Every version on disk is complete (data fsynced before the rename); ``"durable"`` also fsyncs the
-        directory.  Prepare's write of new claims is ``"data"``, like the Go driver's one fsync per call:
-        after a power loss the kubelet prepares the claims of the pods it starts again (v1.37.2
-        pkg/kubelet/cm/dra/claiminfo.go ``newClaimInfoFromState``), so a lost rename is repeated with the
-        same answer; an unprepare it saw succeed is never repeated (docs/benchmarks.md for the cost).
+        directory.  Prepare's and unprepare's writes are ``"data"``, like the Go driver's one fsync per call:
+        the rename may be lost only with a power loss or kernel crash, i.e. a reboot.  After a reboot the
+        kubelet prepares the claims of the pods it starts again (v1.37.2 pkg/kubelet/cm/dra/claiminfo.go
+        ``newClaimInfoFromState``), so a lost prepare is repeated with the same answer; an unprepare it saw
+        succeed is never repeated, but the entry it leaves is of a claim whose allocation the resourceclaim
+        controller clears (or whose ResourceClaim is deleted) once its pods are done, and the cleanup pass
+        at start and every interval releases those (``claims.release_reason``).  Recovery's writes stay
+        ``"durable"`` (rare; docs/prepare.md, *Durability*).
         """
         # An unreadable boot ID must not erase the one recorded (reboot detection would be lost).
         boot_id = self.boot_id or data.boot_id
@@ -263,6 +294,15 @@ class DeviceState:
         return data.without_claims({e.uid for e in started}), [e.uid for e in started]
 
     # ---- prepare ----
+
+    def _prepare_counted(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]:
+        """``_prepare_locked``, and which claims it answered (under the lock, for ``cleanup``'s ``since``)."""
+        results = self._prepare_locked(claims)
+        self._prepares += 1
+        for uid, r in results.items():
+            if not r.error:
+                self._answered[uid] = self._prepares
+        return results
 
     def _prepare_locked(self, claims: Sequence[FetchedClaim]) -> dict[str, PrepareResult]:
         data, rolled_back = self._rollback_started(self._load())
@@ -382,7 +422,11 @@ class DeviceState:
         removed: list[ClaimEntry] = []
         for c in claims:
             entry = data.claims.get(c.uid)
+            if isinstance(c, _Release) and self._answered.get(c.uid, 0) > c.since:
+                results[c.uid] = KEPT
+                continue
             if entry is None:
+                self._answered.pop(c.uid, None)
                 results[c.uid] = ""
                 log.info("node %s: claim %s not prepared here (or already unprepared); nothing to do",
                          self.node_name, c)
@@ -399,12 +443,13 @@ class DeviceState:
             if not removed:
                 self._maybe_crash("after-unprepare-cdi-removed")
             removed.append(entry)
+            self._answered.pop(c.uid, None)
             results[c.uid] = ""
         if removed or rolled_back:
             remaining = data.without_claims({e.uid for e in removed})
             devices = self.inventory.by_name
             try:
-                self._save(remaining)
+                self._save(remaining, sync="data")  # see _save: a lost rename is released by the cleanup pass
             except OSError as e:
                 for entry in removed:  # still prepared, its effects untouched: its spec goes back
                     results[entry.uid] = f"claim {entry.ref}: cannot write checkpoint: {e}"

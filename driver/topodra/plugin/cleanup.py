@@ -1,13 +1,17 @@
-"""Unprepare claims deleted while the plugin was down, and sweep orphan CDI specs; on start and periodically.
+"""Release claims nothing uses any more, and sweep orphan CDI specs; on start and periodically.
 
 The kubelet unprepares a claim when its last pod on the node is gone, but if the
 plugin was down then (or the node was drained and the kubelet state lost), the
 claim can stay in the checkpoint and keep its devices busy after the
-ResourceClaim is deleted.  This loop reads each checkpointed claim from the API
-server **outside the prepare lock** (``claims.is_stale`` decides), then hands
-only the stale ones to ``DeviceState.cleanup``, which unprepares them the normal
-way and deletes orphan specs under the lock.  A claim whose read fails is left
-alone: only a definite "not found" or a different UID counts.
+ResourceClaim is deleted.  The same holds for an unprepare whose checkpoint
+rename a power loss undid: unprepare fsyncs the checkpoint's data but not its
+directory (docs/prepare.md, *Durability*), and the kubelet never repeats an
+unprepare it saw succeed.  This loop reads each checkpointed claim from the API
+server **outside the prepare lock**; ``claims.release_reason`` decides (deleted,
+replaced, no longer allocated, or allocated other devices), and only those go
+to ``DeviceState.cleanup``, which unprepares them the normal way and deletes
+orphan specs under the lock, keeping any claim a prepare answered after the
+reads began.  A claim whose read fails is left alone.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from topodra.claims import ClaimRef, is_stale
+from topodra.claims import ClaimRef, HeldDevice, release_reason
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +34,13 @@ ClaimGetter = Callable[[str, str], dict[str, Any] | None]
 class CleanableState(Protocol):
     """What the loop needs from ``topodra.state.DeviceState``."""
 
-    def checkpointed_claims(self) -> list[ClaimRef]: ...
+    driver_name: str
 
-    def cleanup(self, stale: Sequence[ClaimRef]) -> tuple[dict[str, str], list[str]]: ...
+    def held_devices(self) -> dict[str, tuple[ClaimRef, frozenset[HeldDevice]]]: ...
+
+    def prepare_mark(self) -> int: ...
+
+    def cleanup(self, stale: Sequence[ClaimRef], since: int | None = None) -> tuple[dict[str, str], list[str]]: ...
 
 
 @dataclass(frozen=True)
@@ -48,21 +56,25 @@ class CleanupReport:
 def cleanup_once(state: CleanableState, getter: ClaimGetter) -> CleanupReport:
     """One pass: API reads first, with no lock held; then the state acts on the stale claims."""
     stale: list[ClaimRef] = []
+    reasons: dict[str, str] = {}
     unreadable: dict[str, str] = {}
-    for ref in state.checkpointed_claims():
+    mark = state.prepare_mark()  # before the reads: a claim prepared again after them is kept
+    for ref, held in state.held_devices().values():
         try:
             obj = getter(ref.namespace, ref.name)
         except Exception as e:  # apiserver down, forbidden, ...: decide next time
             unreadable[ref.uid] = str(e)
             continue
-        if is_stale(ref, obj):
+        reason = release_reason(ref, obj, held, state.driver_name)
+        if reason is not None:
             stale.append(ref)
-    answers, orphans = state.cleanup(stale)
+            reasons[ref.uid] = reason
+    answers, orphans = state.cleanup(stale, since=mark)
     unprepared = sorted(uid for uid, err in answers.items() if not err)
     failed = {uid: err for uid, err in answers.items() if err}
     for ref in stale:
         if ref.uid in unprepared:
-            log.warning("unprepared claim=%s: its ResourceClaim was deleted or replaced while it was prepared", ref)
+            log.warning("unprepared claim=%s while it was prepared: %s", ref, reasons[ref.uid])
     for uid, err in failed.items():
         log.error("cleanup could not unprepare claim uid=%s: %s", uid, err)
     if unreadable:

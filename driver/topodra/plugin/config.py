@@ -90,8 +90,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("rediscover_interval", "seconds between hardware re-discoveries; SIGHUP also re-reads --hardware-config "
          "and re-discovers; 0 = only on SIGHUP (default 60)", "SECONDS"),
     Flag("claim_cleanup_interval", "seconds between passes that unprepare claims whose ResourceClaim was "
-         "deleted or replaced and remove orphan CDI specs; one pass always runs at start; 0 = only then "
-         "(default 300)", "SECONDS"),
+         "deleted, replaced or deallocated and remove orphan CDI specs; one pass always runs at start; "
+         "0 = only then (default 300)", "SECONDS"),
     Flag("boot_id_file", "file holding this boot's ID; a change means the node rebooted "
          "(default /proc/sys/kernel/random/boot_id)", "PATH"),
     Flag("quarantine_corrupt_checkpoint", "true: move a corrupt checkpoint aside and start empty "

@@ -308,7 +308,9 @@ def build_state(cfg: PluginConfig, inventory: Inventory, observer: Observer,
 
 def run(args: argparse.Namespace) -> int:
     from topodra.checkpoint import CheckpointCorrupt
+    from topodra.plugin.malloc import cap_arenas
 
+    cap_arenas()  # before any thread starts (topodra.plugin.malloc)
     try:
         cfg = config.from_args(args, os.environ)
     except ConfigError as e:
