@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import logging
 import signal
@@ -196,8 +197,8 @@ class _Template:
         swap = {self.actual[k]: derived[k] for k in self.keys}
 
         def one(d: Device) -> Device:
-            attrs = {k: AttributeValue.model_construct(string=swap[v.string])
-                     for k, v in d.attributes.items() if v.string in swap}
+            # Validated construction: 4.7 µs against model_construct's 12 (it resolves every default in Python).
+            attrs = {k: AttributeValue(string=swap[v.string]) for k, v in d.attributes.items() if v.string in swap}
             if not attrs and d.uuid not in swap:
                 return d  # frozen, and equal on every node of the kind: shared
             return d.model_copy(update={"attributes": {**d.attributes, **attrs}, "uuid": swap.get(d.uuid, d.uuid)})
@@ -468,6 +469,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resync", type=float, default=10.0, help="seconds between reconcile passes")
 
 
+def fewer_full_collections() -> None:
+    """The publishing process holds every pool's slices (the watch's store: about 2 million dicts at 2,048
+    nodes), and a full collection walks all of them; what it frees is acyclic JSON that reference counting
+    frees anyway. Python's default (700, 10, 10) ran 2 full collections in a 2,048-node publishing loop
+    (build, encode, decode, store: 0.45 s of its 2.4 s CPU, all of it holding the GIL the API workers
+    need); (700, 20, 100) ran none (0.09 s). Young collections stay as they were."""
+    gen0, _, _ = gc.get_threshold()
+    gc.set_threshold(gen0, 20, 100)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cluster = load_cluster(args.cluster_file)
@@ -480,6 +491,7 @@ def run(args: argparse.Namespace) -> int:
         sim.delete()
         log.info("deleted %d simulated nodes and their slices", len(sim.nodes))
         return 0
+    fewer_full_collections()
     sim.setup()
     t0 = time.monotonic()
     sim.reconcile_all()
