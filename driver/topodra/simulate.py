@@ -270,7 +270,8 @@ def fake_node(name: str, labels: dict[str, str] | None = None, ttl: int | None =
 
     ``ttl``: the TTL controller's annotation, as it would set it. It PATCHes every Node whose annotation is not
     what it wants, once per Node event: for a Node created without one that is a PATCH, and its watch events, for
-    every simulated node (1,103-2,071 of them, at 51-121 ms each, during a 2,048-node publish at load 4-8).
+    every simulated node (with the node lifecycle controller's taint PATCHes, 1,103-2,071 Node PATCHes at
+    51-121 ms each ran during a 2,048-node publish at load 4-8).
     """
     meta: dict[str, Any] = {"name": name, "labels": {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -308,9 +309,11 @@ def ensure_node(kube: Kube, name: str, labels: dict[str, str], allocatable: tupl
 
     ``listed``: every Node by name, from one list (a node missing from it does not exist), instead of a GET.
     A new Node is created Ready in one request: Nodes, unlike most kinds, take their status on create.
-    ``cluster_nodes``: how many Nodes the cluster will have, for the TTL controller's annotation (``fake_node``):
-    the final size's value, because the controller checks a Node when its add event reaches a worker, and while
-    thousands are created its queue runs behind them (a Node it checks earlier is patched, as without one).
+    ``cluster_nodes``: how many Nodes the cluster has once this one exists, for the TTL controller's annotation
+    (``fake_node``): the controller checks a Node when its add event reaches a worker, against the cluster's size
+    then, so it patches only a Node created shortly before the size passed a step (about 92 at the 100-node step
+    of a 256-node run). The final size's value instead: 1,870 Node PATCHes in a 2,048-node run at load 11 (the
+    controller kept up and saw the smaller sizes), 1,091 with this at load 8-10, taint PATCHes included.
     """
     existing = kube.get(node_path(name)) if listed is None else listed.get(name)
     labels = with_fabric((existing or {}).get("metadata", {}).get("labels") or {}, labels)
@@ -363,13 +366,17 @@ class Simulation:
             self._cpu_inventories = {n.name: Inventory(cpu_devices(n, release)) for n in self.nodes}
         t1 = time.monotonic()
         listed = {str(o["metadata"]["name"]): o for o in self.kube.list(node_path())}
-        size = len(set(listed) | {n.name for n in self.nodes})
+        size, sizes = len(listed), {}  # the cluster's size once each new Node exists, in creation order
+        for n in self.nodes:
+            if n.name not in listed:
+                size += 1
+                sizes[n.name] = size
         with ThreadPoolExecutor(API_WORKERS) as pool:
             # Discovery's node labels (gpu-model, gpu-count, nvlink-clique); the cluster file's labels win,
             # except that Topograph's tiers on an existing Node win over the file's tier names.
             uids = list(pool.map(lambda n: ensure_node(
                 self.kube, n.name, {**node_labels(devices[n.name]), **n.labels}, self._allocatable(n), listed,
-                size), self.nodes))
+                sizes.get(n.name)), self.nodes))
         for n, uid in zip(self.nodes, uids, strict=True):
             self.publishers[n.name] = SlicePublisher(
                 self.kube, self.cluster.driver_name, n.name, Inventory(devices[n.name]), min_write_interval=0,
