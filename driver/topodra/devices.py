@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
+_FIELDS = ("string", "int", "bool", "version")
 
 
 class AttributeValue(BaseModel):
@@ -38,7 +39,13 @@ class AttributeValue(BaseModel):
         return self
 
     def to_api(self) -> dict[str, object]:
-        return self.model_dump(exclude_none=True)
+        """``{field: value}`` of the one field set. Hand-written: ``model_dump(exclude_none=True)`` took
+        6.5 of 11 µs a call, and building 2,048 nodes' slices (590k attributes) calls it 1.8 s of 3 s CPU."""
+        for f in _FIELDS:
+            v = self.__dict__[f]
+            if v is not None:
+                return {f: v}
+        raise AssertionError("unreachable")  # _exactly_one
 
     @property
     def value(self) -> str | builtins.int | builtins.bool:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from testkit.paths import REPO
 
-from topodra.simulate import SimulatedCluster, load_cluster, plan
+from topodra.simulate import TTL_ANNOTATION, SimulatedCluster, fake_node, load_cluster, node_ttl_seconds, plan
 
 
 def test_enterprise_plan_is_50_nodes_in_2_scalable_units() -> None:
@@ -44,3 +44,14 @@ def test_invalid_cluster_files_are_rejected(tmp_path: Path, bad: dict[str, Any],
     f.write_text(yaml.safe_dump(bad))
     with pytest.raises(ValueError, match=msg):
         load_cluster(f)
+
+
+@pytest.mark.parametrize(("nodes", "ttl"), [(1, 0), (100, 0), (101, 15), (500, 15), (501, 30), (1000, 30),
+                                            (1001, 60), (2000, 60), (2001, 300), (16384, 300)])
+def test_node_ttl_is_the_ttl_controllers_step_for_the_cluster_size(nodes: int, ttl: int) -> None:
+    assert node_ttl_seconds(nodes) == ttl
+
+
+def test_a_created_node_carries_the_ttl_annotation_only_when_asked() -> None:
+    assert "annotations" not in fake_node("n1")["metadata"]
+    assert fake_node("n1", ttl=300)["metadata"]["annotations"] == {TTL_ANNOTATION: "300"}

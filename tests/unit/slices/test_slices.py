@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from topodra.devices import Device, int_attr, string_attr
+from topodra.devices import AttributeValue, Device, bool_attr, int_attr, string_attr, version_attr
 from topodra.slices import build_slices, device_sort_key, same_content
 
 DRIVER = "gpu.topodra.io"
@@ -18,6 +18,14 @@ def gpus(n: int, model: str = "H100-SXM5-80GB") -> list[Device]:
                    attributes={"type": string_attr("gpu"), "model": string_attr(model), "index": int_attr(k),
                                "resource.kubernetes.io/pcieRoot": string_attr(f"pci0000:{k:02x}")},
                    capacity={"memory": "80Gi"}) for k in range(n)]
+
+
+@pytest.mark.parametrize("value", [string_attr("hopper"), string_attr(""), int_attr(0), int_attr(-3),
+                                   bool_attr(False), bool_attr(True), version_attr("13.0.0")])
+def test_attribute_encoding_is_the_one_field_set(value: AttributeValue) -> None:
+    # to_api is hand-written for speed: it must say what pydantic's own encoding says, falsy values included.
+    assert value.to_api() == value.model_dump(exclude_none=True)
+    assert len(value.to_api()) == 1
 
 
 def test_order_is_natural_and_gpus_first() -> None:
