@@ -21,8 +21,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from topodra.devices import Device
+if TYPE_CHECKING:  # topodra.devices defines pydantic models (~0.15 s to import); the names here need none
+    from topodra.devices import Device
 
 PREFIX = "topodra.io/"
 GPU_MODEL = PREFIX + "gpu-model"

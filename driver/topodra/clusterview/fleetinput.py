@@ -29,7 +29,6 @@ from topodra.fleet.cel import Selector, recognise
 from topodra.fleet.demand import ANY_GPU
 from topodra.fleet.fgd import Mix
 from topodra.fleet.state import CelClass, DevicePredicate
-from topodra.selectors import DeviceMatch
 
 Obj = dict[str, Any]
 _Names = tuple[tuple[str, ...], tuple[str, ...]]  # (attribute keys, capacity keys) as they may appear raw
@@ -38,6 +37,8 @@ _Names = tuple[tuple[str, ...], tuple[str, ...]]  # (attribute keys, capacity ke
 def _selectors(pred: DevicePredicate, driver: str) -> tuple[Selector, ...] | None:
     if isinstance(pred, CelClass):
         return pred.selectors
+    from topodra.selectors import DeviceMatch  # loaded already when pred is one (fleet.state.class_matcher)
+
     if isinstance(pred, DeviceMatch):
         sel = recognise(pred.to_cel(driver))
         return (sel,) if sel is not None else None

@@ -235,7 +235,7 @@ class ClusterView:
 # --------------------------------------------------------------------------- helpers
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # a type's dataclass fields (None: not a dataclass)
 _LEAVES = frozenset({str, int, float, bool, type(None)})
 
 
@@ -245,9 +245,10 @@ def plain(obj: Any) -> Any:
     cls = type(obj)
     if cls in _LEAVES:
         return obj
-    names = _FIELDS.get(cls)
-    if names is None and is_dataclass(obj):
-        names = _FIELDS[cls] = tuple(f.name for f in fields(obj))
+    try:
+        names = _FIELDS[cls]
+    except KeyError:
+        names = _FIELDS[cls] = tuple(f.name for f in fields(obj)) if is_dataclass(obj) else None
     if names is not None:
         out = {}
         for n in names:
@@ -255,7 +256,7 @@ def plain(obj: Any) -> Any:
             out[n] = v if type(v) in _LEAVES else plain(v)
         return out
     if isinstance(obj, tuple):
-        return tuple(v if type(v) in _LEAVES else plain(v) for v in obj)
+        return tuple([v if type(v) in _LEAVES else plain(v) for v in obj]) if obj else ()
     if isinstance(obj, list):
         return [plain(v) for v in obj]
     if isinstance(obj, dict):
@@ -402,11 +403,16 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     # The scorer's own state and measure: same parsing, same node views, same unavailable devices
     # (allocated or blocking-tainted), same request mix.
     state = ClusterState(driver, window=window)
-    state.replace("classes", src.classes)
     state.replace("claims", src.claims)
     state.replace("taintrules", rules)
+    observed = state.observed_mix()
+    # Only the classes the observed claims name can enter the mix (make_mix drops demands naming a class
+    # without a predicate): parsing just those leaves the mix as it was and, without claims, topodra.selectors
+    # (pydantic) unimported.
+    named = {a.device_class for d in observed for r in d.requests for a in r.alternatives}
+    state.replace("classes", [c for c in src.classes if (c.get("metadata") or {}).get("name") in named])
     known = frozenset(k for k, m in state.classes.items() if m is not None)
-    mix = make_mix(DEFAULT_PRIOR if prior is None else prior, prior_weight, state.observed_mix(), driver, known)
+    mix = make_mix(DEFAULT_PRIOR if prior is None else prior, prior_weight, observed, driver, known)
     # Only what the measure reads goes into the state's node views (clusterview.fleetinput): same F_n.
     state.classes, reads = measure_inputs(state.classes, mix, driver)
     state.replace("slices", slices if reads is None else slim_slices(slices, reads))
@@ -418,6 +424,9 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     by_node: dict[str, list[Obj]] = defaultdict(list)
     for s in slices:
         by_node[str(s["spec"]["nodeName"])].append(s)
+    # The attribute keys of ``attribute`` (both spellings), looked up inline: 131,072 calls at 2,048 nodes.
+    keys = {n: (f"{driver}/{n}", n) for n in ("type", "rail", "nvlinkDomain", "model")}
+    (type_q, type_s), (rail_q, rail_s), (dom_q, dom_s), (model_q, model_s) = (keys[n] for n in keys)
     rows: list[NodeRow] = []
     for node in sorted(by_node, key=natural_key):
         if wanted is not None and node not in wanted:
@@ -430,25 +439,27 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
         for d in view.devices if view is not None else ():
             dev = raw[d.key]
             attrs = dev.get("attributes") or {}
-            kind = attribute(attrs, "type", driver)
+            v = attrs.get(type_q) or attrs.get(type_s)
+            kind = next(iter(v.values())) if isinstance(v, dict) and v else None
             if kind == MIG_PARENT_TYPE:  # a MIG-enabled GPU: still drawn as its GPU (slices are not drawn)
                 kind = "gpu"
-            if kind not in ("gpu", "nic"):
+            if kind != "gpu" and kind != "nic":
                 continue
             pool, name = d.key
             taints = device_taints(dev, rules, driver, pool) if rules or dev.get("taints") else []
             holder = held.get(d.key)
-            st = ALLOCATED if holder else TAINTED if blocking(taints) else FREE
-            rail = attribute(attrs, "rail", driver)
-            domain = attribute(attrs, "nvlinkDomain", driver)
-            model = attribute(attrs, "model", driver)
+            st = ALLOCATED if holder else TAINTED if taints and blocking(taints) else FREE
+            v = attrs.get(rail_q) or attrs.get(rail_s)
+            rail = next(iter(v.values())) if isinstance(v, dict) and v else None
+            v = attrs.get(dom_q) or attrs.get(dom_s)
+            domain = next(iter(v.values())) if isinstance(v, dict) and v else None
+            v = attrs.get(model_q) or attrs.get(model_s)
+            model = next(iter(v.values())) if isinstance(v, dict) and v else None
             cells[d.key] = Cell(
-                name=name, pool=pool, kind=str(kind), state=st,
-                model=str(model) if model is not None else None,
-                domain=str(domain) if domain is not None else None,
-                rail=int(rail) if isinstance(rail, int) else None,
-                namespace=holder[0] if holder else None, claim=holder[1] if holder else None,
-                taints=tuple(taint_text(t) for t in taints))
+                name, pool, kind, st, str(model) if model is not None else None,
+                str(domain) if domain is not None else None, int(rail) if isinstance(rail, int) else None,
+                holder[0] if holder else None, holder[1] if holder else None,
+                tuple(taint_text(t) for t in taints) if taints else ())
         gpus = sorted((c for c in cells.values() if c.kind == "gpu"),
                       key=lambda c: (c.domain or "~", natural_key(c.name)))
         nics = sorted((c for c in cells.values() if c.kind == "nic"),
@@ -463,6 +474,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
         frag = 0.0 if view is None else measure.fragmentation(view, state.unavailable_indices(view), mix)
         models = Counter(g.model or "unknown" for g in gpus)
         unschedulable = why_unschedulable(node_objs[node]) if node in node_objs else ""
+        free_gpus = sum(1 for g in gpus if g.state == FREE)
         rows.append(NodeRow(
             name=node, model="+".join(m for m, _ in models.most_common()),
             schedulable=not unschedulable, unschedulable_reason=unschedulable,
@@ -473,7 +485,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                         for r, ns in sorted(rails.items(), key=lambda kv: -1 if kv[0] is None else kv[0])),
             fragmentation=frag,
             fabric=fabric_of(((node_objs.get(node) or {}).get("metadata") or {}).get("labels")),
-            host=host_columns(hosts.room(node), sum(1 for g in gpus if g.state == FREE), len(gpus))))
+            host=host_columns(hosts.room(node), free_gpus, len(gpus))))
 
     pending = pending_claims(src.claims, src.pods)
     return ClusterView(driver=driver, nodes=tuple(rows), models=tuple(summarize_models(rows)),
@@ -483,45 +495,59 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                                                    for c in src.classes)))
 
 
+class _ModelSums:
+    """One GPU model's running sums over the rows (``summarize_models``)."""
+
+    def __init__(self) -> None:
+        self.nodes = self.total = self.free = self.allocated = self.tainted = 0
+        self.unschedulable_nodes = self.free_unschedulable = 0
+        self.frag = 0.0
+        self.best = [0, 0, 0]
+        self.domains: dict[str, bool] = {}  # nvlinkDomain -> every GPU of it free
+
+
 def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
-    """Per GPU model: counts, whole free NVLink domains, largest placeable claim, fragmentation."""
-    rows = list(rows)
-    out = []
-    models = sorted({g.model or "unknown" for r in rows for g in r.gpus})
-    for model in models:
-        total = free = allocated = tainted = free_unschedulable = 0
-        nodes = unschedulable_nodes = 0
-        frag = 0.0
-        best = [0, 0, 0]
-        domains: dict[str, list[Cell]] = defaultdict(list)
-        for r in rows:
-            mine = [g for g in r.gpus if (g.model or "unknown") == model]
-            if not mine:
-                continue
-            nodes += 1
-            total += len(mine)
-            free_gpus = [g for g in mine if g.state == FREE]
-            free += len(free_gpus)
-            allocated += sum(1 for g in mine if g.state == ALLOCATED)
-            tainted += sum(1 for g in mine if g.state == TAINTED)
+    """Per GPU model: counts, whole free NVLink domains, largest placeable claim, fragmentation.
+
+    One pass over the rows (a node's GPUs grouped by model), not one per model: 4 models x 2,048 nodes."""
+    sums: dict[str, _ModelSums] = {}
+    for r in rows:
+        mine: dict[str, list[Cell]] = {}
+        for g in r.gpus:
+            mine.setdefault(g.model or "unknown", []).append(g)
+        free_nics: list[Cell] | None = None
+        for model, gs in mine.items():
+            m = sums.get(model)
+            if m is None:
+                m = sums[model] = _ModelSums()
+            m.nodes += 1
+            m.total += len(gs)
+            free_gpus = [g for g in gs if g.state == FREE]
+            m.free += len(free_gpus)
+            m.allocated += sum(1 for g in gs if g.state == ALLOCATED)
+            m.tainted += sum(1 for g in gs if g.state == TAINTED)
             if r.model == model:
-                frag += r.fragmentation
-            for g in mine:
+                m.frag += r.fragmentation
+            for g in gs:
                 if g.domain is not None:
-                    domains[g.domain].append(g)
+                    m.domains[g.domain] = m.domains.get(g.domain, True) and g.state == FREE
             if not r.schedulable:
-                unschedulable_nodes += 1
-                free_unschedulable += len(free_gpus)
+                m.unschedulable_nodes += 1
+                m.free_unschedulable += len(free_gpus)
                 continue
             per_domain = Counter(g.domain for g in free_gpus if g.domain is not None)
-            free_nics = [n for n in r.nics if n.state == FREE]
+            if free_nics is None:
+                free_nics = [n for n in r.nics if n.state == FREE]
+            best = m.best
             best[0] = max(best[0], len(free_gpus))
             best[1] = max(best[1], max(per_domain.values(), default=0))
             best[2] = max(best[2], _pairs_by_rail(free_gpus, free_nics))
-        whole_free = sum(1 for gs in domains.values() if all(g.state == FREE for g in gs))
-        out.append(ModelSummary(model=model, nodes=nodes, total=total, free=free, allocated=allocated,
-                                tainted=tainted, largest=Largest(*best), nvlink_domains=len(domains),
-                                nvlink_domains_free=whole_free, fragmentation=frag,
-                                fragmentation_ratio=frag / free if free else 0.0,
-                                unschedulable_nodes=unschedulable_nodes, free_unschedulable=free_unschedulable))
+    out = []
+    for model in sorted(sums):
+        m = sums[model]
+        out.append(ModelSummary(model=model, nodes=m.nodes, total=m.total, free=m.free, allocated=m.allocated,
+                                tainted=m.tainted, largest=Largest(*m.best), nvlink_domains=len(m.domains),
+                                nvlink_domains_free=sum(1 for f in m.domains.values() if f),
+                                fragmentation=m.frag, fragmentation_ratio=m.frag / m.free if m.free else 0.0,
+                                unschedulable_nodes=m.unschedulable_nodes, free_unschedulable=m.free_unschedulable))
     return out

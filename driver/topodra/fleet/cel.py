@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from topodra.selectors import parse_quantity, parse_semver
+from topodra.quantities import parse_quantity, parse_semver
 
 _REF = r'device\.(attributes|capacity)\["([^"\\]+)"\](?:\.([A-Za-z_][A-Za-z0-9_]*)|\["([^"\\]+)"\])'
 _LIT = r'"(?:[^"\\]|\\.)*"|-?\d+|true|false'

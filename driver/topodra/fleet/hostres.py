@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from topodra.selectors import parse_quantity
+from topodra.quantities import parse_quantity
 
 Obj = dict[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")

@@ -34,11 +34,12 @@ from topodra.fleet.hostres import HostResources, PodRecord
 from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.taints import blocking, rule_matches, rule_taint
-from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) of the scorer's driver
 JOURNAL_MAX = 65_536  # changed node names kept for ``changed_since``; a reader further behind rebuilds
+_NO_CLASSES: frozenset[str] = frozenset()
+_HASHABLE = (str, int, bool, float)  # attribute values used as they are in shape keys (others: their repr)
 
 
 # --------------------------------------------------------------------------- devices and nodes
@@ -94,7 +95,12 @@ class CelClass:
 
 def class_matcher(obj: Obj) -> DevicePredicate | None:
     """The predicate of a DeviceClass: its ``topodra.io/match`` annotation, else its CEL selectors when
-    the scorer can evaluate every one of them; None (matches nothing) for any other class."""
+    the scorer can evaluate every one of them; None (matches nothing) for any other class.
+
+    ``topodra.selectors`` (pydantic, ~0.1 s to import) is imported here, on the first class parsed: the
+    inventory parses only the classes its request mix names, none without claims."""
+    from topodra.selectors import MATCH_ANNOTATION, DeviceMatch
+
     text = ((obj.get("metadata") or {}).get("annotations") or {}).get(MATCH_ANNOTATION)
     if text:
         try:
@@ -117,12 +123,15 @@ def _shape_key(devices: Iterable[DeviceView]) -> tuple[Any, ...]:
     out = []
     for d in devices:
         canon = []
-        for name in sorted(d.attrs):
-            ids = seen.setdefault(name, {})
-            v = d.attrs[name]
-            hv = v if isinstance(v, str | int | bool | float) else repr(v)
+        attrs = d.attrs
+        for name in sorted(attrs):
+            ids = seen.get(name)
+            if ids is None:
+                ids = seen[name] = {}
+            v = attrs[name]
+            hv = v if isinstance(v, _HASHABLE) else repr(v)
             canon.append((name, ids.setdefault(hv, len(ids))))
-        out.append((d.gpu, tuple(sorted(d.classes)), tuple(canon)))
+        out.append((d.gpu, tuple(sorted(d.classes)) if d.classes else (), tuple(canon)))
     return tuple(out)
 
 
@@ -443,27 +452,39 @@ class ClusterState:
     # ----- queries
 
     def node_view(self, node: str) -> NodeView | None:
-        """The node's devices (None when it publishes none of ours); built once per change."""
+        """The node's devices (None when it publishes none of ours); built once per change.
+
+        Written for speed (the inventory builds 2,048 of these, 32,768 devices, per run): the predicates
+        that can match are listed once per call, a device without taints or capacity skips their parsing,
+        and one slice's newest-generation check is skipped. Same views as the plain loop (unit tested)."""
         view = self._views.get(node)
         if view is not None:
             return view
         names = self._slices_by_node.get(node)
         if not names:
             return None
-        current = newest_slices(self.slices[n] for n in names)
-        current.sort(key=lambda s: (str(s["spec"]["pool"].get("name", "")), str(s["metadata"]["name"])))
+        if len(names) == 1:  # a pool's one slice is its newest generation
+            current = [self.slices[n] for n in names]
+        else:
+            current = newest_slices(self.slices[n] for n in names)
+            current.sort(key=lambda s: (str(s["spec"]["pool"].get("name", "")), str(s["metadata"]["name"])))
+        driver = self.driver
+        prefix = driver + "/"
+        type_key = prefix + "type"
+        preds = [(name, m) for name, m in self.classes.items() if m is not None]
         devices = []
         for s in current:
             pool = str(s["spec"]["pool"].get("name", ""))
             for dev in s["spec"].get("devices") or []:
-                attrs = qualified_attributes(dev, self.driver)
-                classes = frozenset(name for name, m in self.classes.items()
-                                    if m is not None and m.matches(dev, self.driver))
-                devices.append(DeviceView(key=(pool, str(dev.get("name", ""))),
-                                          gpu=attrs.get(f"{self.driver}/type") == "gpu",
-                                          classes=classes, attrs=attrs,
-                                          capacity=qualified_capacity(dev, self.driver), driver=self.driver,
-                                          tainted=blocking(dev.get("taints") or [])))
+                attrs = {}  # qualified_attributes, inline
+                for key, val in (dev.get("attributes") or {}).items():
+                    if isinstance(val, dict) and val:
+                        attrs[key if "/" in key else prefix + key] = next(iter(val.values()))
+                classes = frozenset([name for name, m in preds if m.matches(dev, driver)]) if preds else _NO_CLASSES
+                taints = dev.get("taints")
+                devices.append(DeviceView((pool, str(dev.get("name", ""))), attrs.get(type_key) == "gpu", classes,
+                                          attrs, qualified_capacity(dev, driver) if dev.get("capacity") else {},
+                                          driver, blocking(taints) if taints else False))
         shape = self._shapes.setdefault(_shape_key(devices), len(self._shapes))
         view = NodeView(name=node, devices=tuple(devices), shape=shape,
                         index={d.key: i for i, d in enumerate(devices)})
@@ -484,9 +505,13 @@ class ClusterState:
         claim there, the node's slices or any rule change."""
         got = self._used_by_node.get(view.name)
         if got is None:
-            got = self._used_by_node[view.name] = frozenset(
-                i for i, d in enumerate(view.devices) if d.key in self.used or d.tainted
-                or self._ruled_out(d.key))
+            used = self.used
+            if self.taint_rules:
+                got = frozenset([i for i, d in enumerate(view.devices) if d.key in used or d.tainted
+                                 or self._ruled_out(d.key)])
+            else:  # no rule to ask (the common case; 32,768 devices at 2,048 nodes)
+                got = frozenset([i for i, d in enumerate(view.devices) if d.key in used or d.tainted])
+            self._used_by_node[view.name] = got
         return got
 
     def _ruled_out(self, key: DeviceKey) -> bool:

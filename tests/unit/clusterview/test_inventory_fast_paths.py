@@ -155,3 +155,55 @@ def test_json_text_is_the_document_json_dumps_writes() -> None:
     assert out.getvalue() == text
     assert json_text({"a": [], "b": {}, "c": {"d": [1, {"e": None}]}, 1: True}) == \
         json.dumps({"a": [], "b": {}, "c": {"d": [1, {"e": None}]}, 1: True}, indent=2) + "\n"
+
+
+def reference_json_text(obj: Any) -> str:
+    """The writer before its short cuts: json.dumps for every key, scalar and compact object."""
+    from topodra.clusterview.jsonout import COMPACT_DEPTH, INDENT, _key
+
+    out: list[str] = []
+
+    def write(o: Any, depth: int) -> None:
+        if depth >= COMPACT_DEPTH or not isinstance(o, dict | list | tuple) or not o:
+            out.append(json.dumps(o))
+            return
+        pad = "\n" + INDENT * (depth + 1)
+        if isinstance(o, dict):
+            out.append("{")
+            for i, (k, v) in enumerate(o.items()):
+                out.append((pad if i == 0 else "," + pad) + json.dumps(k if isinstance(k, str) else _key(k)) + ": ")
+                write(v, depth + 1)
+            out.append("\n" + INDENT * depth + "}")
+        else:
+            out.append("[")
+            for i, v in enumerate(o):
+                out.append(pad if i == 0 else "," + pad)
+                write(v, depth + 1)
+            out.append("\n" + INDENT * depth + "]")
+
+    write(obj, 0)
+    return "".join(out) + "\n"
+
+
+def test_json_text_short_cuts_write_what_json_dumps_writes() -> None:
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Name(enum.StrEnum):
+        A = "a"
+
+    odd: Any = {"s": "ünï \"q\" \\ \n\t\x00", "i": -12, "big": 2**70, "b": True, "f": False, "n": None,
+                "x": 0.1, "nan": float("nan"), "inf": float("inf"), "ninf": -float("inf"), "e": 1e300,
+                "lvl": Level.HIGH, "enum": Name.A, "t": (1, "2"), "empty": [{}, [], ()],
+                1: {2.5: "k", None: 1, False: [True]}, "deep": [[[{"a": [1, {"b": 2}]}, "z"]]],
+                "sub": {"ü": {"x": 1}, "": {"": ""}}}
+    view = build_view(mixed_sources())
+    for doc in (odd, [odd, [odd]], {"a": [odd, {"b": odd}]}, view.to_dict(), "top", 3, None, [], {}):
+        assert json_text(doc) == reference_json_text(doc)
+    with pytest.raises(TypeError):  # not serialisable: the error json.dumps gives, also below the compact depth
+        json_text({"a": [[[{"x": object()}]]]})
+    with pytest.raises(TypeError):
+        json_text({"a": object()})
+    assert json_text({"a": [[[{"x": 1}]]]}) == reference_json_text({"a": [[[{"x": 1}]]]})  # usable after an error
