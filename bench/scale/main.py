@@ -598,6 +598,11 @@ def plot(fits: Mapping[str, Any], out_dir: Path, stamp: str) -> list[str]:
     return files
 
 
+def _json_default(o: object) -> object:
+    """Paths (e.g. ``--inventory-baseline``) as text, numpy-like numbers as floats."""
+    return str(o) if isinstance(o, Path) else float(o)  # type: ignore[arg-type]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/run scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="node counts, comma-separated")
@@ -685,7 +690,7 @@ def _main(argv: list[str] | None) -> int:
                     "loadavg": os.getloadavg()},
            "args": {k: v for k, v in vars(args).items()}, "results": results, "curves": fits,
            "targets": checks, "plots": pngs}
-    (out_dir / f"{base}.json").write_text(json.dumps(doc, indent=1, default=float))
+    (out_dir / f"{base}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
     table = markdown(results, fits, checks)
     (out_dir / f"{base}.md").write_text(f"# bench/run scale {stamp}\n\n{table}")
     print(table)
