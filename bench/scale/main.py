@@ -271,13 +271,17 @@ def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
     profiles = [ClaimProfile.model_validate({"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
                                              "metadata": {"name": f"p{i}", "namespace": "default"}, "spec": spec})
                 for i, spec in enumerate(PROFILES)]
+    def timed_pass(get: Callable[[], Any], what: str) -> tuple[Any, list[Any], float, float]:
+        """One snapshot and the profiles' availability from it: (snapshot, statuses, process CPU, wall)."""
+        c0, t0 = time.process_time(), time.perf_counter()
+        snap = get()
+        if isinstance(snap, str):
+            raise ScaleError(f"{what}: {snap}")
+        got = [profile_availability(p, snap) for p in profiles]
+        return snap, got, time.process_time() - c0, time.perf_counter() - t0
+
     cache = SnapshotCache(ControllerConfig(snapshot_ttl_s=0.0))
-    c0, t0 = time.process_time(), time.perf_counter()
-    listed = cache.get(kube)
-    if isinstance(listed, str):
-        raise ScaleError(f"controller snapshot: {listed}")
-    want = [profile_availability(p, listed) for p in profiles]
-    list_cpu, list_wall = time.process_time() - c0, time.perf_counter() - t0
+    listed, want, list_cpu, list_wall = timed_pass(lambda: cache.get(kube), "controller snapshot")
     devices = len(listed.devices)
     del listed
     facts = WatchedFacts(lc.kube(), DRIVER)
@@ -296,12 +300,7 @@ def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise ScaleError("controller: the watch did not deliver the change within 60 s")
                 time.sleep(0.02)
-            c1, t1 = time.process_time(), time.perf_counter()
-            snap = facts.get(kube)
-            if isinstance(snap, str):
-                raise ScaleError(f"controller facts: {snap}")
-            got = [profile_availability(p, snap) for p in profiles]
-            cpu, wall = time.process_time() - c1, time.perf_counter() - t1
+            _, got, cpu, wall = timed_pass(lambda: facts.get(kube), "controller facts")
             if devices_of(got) != devices_of(want):  # nodesFit may move: the node controller marks nodes
                 raise ScaleError(f"controller: the watched pass disagrees with the listing pass: {got} != {want}")
             return cpu, wall

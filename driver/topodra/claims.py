@@ -111,6 +111,16 @@ def access_of(result: dict[str, Any]) -> Access:
     return "exclusive"
 
 
+HeldDevice = tuple[str, str, str | None]
+"""(pool, device, shareID) of one device a checkpoint entry holds, as its allocation result names it."""
+
+
+def result_device(result: dict[str, Any]) -> HeldDevice:
+    """(pool, device, shareID) of one allocation result."""
+    share = result.get("shareID")
+    return str(result.get("pool", "")), str(result.get("device", "")), str(share) if share else None
+
+
 def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str, pool_name: str,
                     node_name: str) -> AllocatedClaim:
     """Check a fetched ResourceClaim (None: not found) against ``ref``, our driver and this node."""
@@ -135,20 +145,17 @@ def allocated_claim(ref: ClaimRef, obj: dict[str, Any] | None, driver_name: str,
         raise ClaimError(f"claim {ref}: {e}") from None
     devices: list[AllocatedDevice] = []
     for r in ours:
-        pool, name = str(r.get("pool", "")), str(r.get("device", ""))
+        pool, name, share_id = result_device(r)
         if pool != pool_name:
             raise ClaimError(f"claim {ref}: device {pool}/{name} is from pool {pool}, but this is node "
                              f"{node_name} (pool {pool_name}); the claim is for another node")
-        share = r.get("shareID")
         consumed = tuple(sorted((str(k), str(v)) for k, v in (r.get("consumedCapacity") or {}).items()))
         devices.append(AllocatedDevice(request=base_request_name(str(r.get("request", ""))), device=name,
-                                       share_id=str(share) if share else None, access=access_of(r),
+                                       share_id=share_id, access=access_of(r),
                                        consumed=consumed, sharing=sharing[str(r.get("request", ""))]))
     return AllocatedClaim(ref, tuple(devices))
 
 
-HeldDevice = tuple[str, str, str | None]
-"""(pool, device, shareID) of one device a checkpoint entry holds, as its allocation result names it."""
 
 
 def held_by(entry: ClaimEntry) -> frozenset[HeldDevice]:
@@ -184,8 +191,7 @@ def release_reason(ref: ClaimRef, obj: dict[str, Any] | None, held: frozenset[He
     allocation = (obj.get("status") or {}).get("allocation")
     if not allocation:
         return "its ResourceClaim is no longer allocated"
-    now = frozenset((str(r.get("pool", "")), str(r.get("device", "")), str(r["shareID"]) if r.get("shareID") else None)
-                    for r in (allocation.get("devices") or {}).get("results") or []
+    now = frozenset(result_device(r) for r in (allocation.get("devices") or {}).get("results") or []
                     if r.get("driver") == driver_name)
     if now != held:
         return "its ResourceClaim is allocated other devices now"
