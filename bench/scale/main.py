@@ -56,6 +56,7 @@ import time
 import tracemalloc
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -198,6 +199,41 @@ def run_etcd(lc: localcluster.Cluster) -> dict[str, Any]:
             "devices": sum(len(s.get("spec", {}).get("devices") or []) for s in slices),
             "slice_bytes": sum(len(json.dumps(s, separators=(",", ":"))) for s in slices),
             "db_bytes": metric_total(etcd_metrics(lc), "etcd_mvcc_db_total_size_in_bytes")}
+
+
+NOT_READY = "node.kubernetes.io/not-ready"
+
+
+def settle_nodes(lc: localcluster.Cluster) -> dict[str, Any]:
+    """Lift ``node.kubernetes.io/not-ready`` from the Ready Nodes that still carry it, as kube-controller-manager's
+    node lifecycle controller would, so the rows after ``simulate --once`` see the cluster in steady state.
+
+    The apiserver's TaintNodesByCondition admission taints every new Node; the controller lifts it a few Nodes
+    per second (rate-limited: 105 s for 500 Nodes, bench/schedule_throughput), so at 2,048 Nodes inventory ran
+    while it was still patching them, measured a busy API server and drew most Nodes unschedulable. One
+    merge patch per Node, the other taints kept; ``tainted`` says how many it found. Runs after simulate is
+    measured, before every other row."""
+    kube = lc.kube()
+    t0 = time.monotonic()
+
+    def ready(node: Obj) -> bool:
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (node.get("status") or {}).get("conditions") or [])
+
+    todo = [n for n in kube.list(node_path()) if ready(n)
+            and any(t.get("key") == NOT_READY for t in (n.get("spec") or {}).get("taints") or [])]
+
+    def lift(node: Obj) -> None:
+        rest = [t for t in node["spec"]["taints"] if t.get("key") != NOT_READY]
+        try:
+            kube.merge_patch(node_path(node["metadata"]["name"]), {"spec": {"taints": rest or None}})
+        except KubeError as e:
+            if not e.not_found:
+                raise
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lift, todo))
+    return {"tainted": len(todo), "settle_s": time.monotonic() - t0}
 
 
 def run_inventory(lc: localcluster.Cluster, gpus: int, runs: int, png_out: Path | None,
@@ -492,6 +528,8 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                 log(f"{n} nodes: simulate {sim['wall_s']:.1f}s (publishing {sim['publish_s']:.1f}s)")
                 if "simulate" in rows:
                     out["simulate"] = sim
+                settled = out["settle"] = settle_nodes(lc)
+                log(f"{n} nodes: lifted not-ready from {settled['tainted']} Nodes in {settled['settle_s']:.1f}s")
                 if "etcd" in rows:
                     out["etcd"] = run_etcd(lc)
                 if "inventory" in rows:

@@ -334,12 +334,15 @@ class Kube:
         body: Obj | list[Obj] | None = None,
         query: dict[str, str] | None = None,
         content_type: str = "application/json",
+        data: bytes | None = None,
     ) -> Obj:
+        """``body`` goes as JSON; ``data``, already encoded, as ``content_type`` (the reply is JSON either way)."""
         if query:
             path = f"{path}?{urlencode(query)}"
         headers = {"Accept": "application/json", "User-Agent": "topodra"}
-        data = None
-        if body is not None:
+        if data is not None:
+            headers["Content-Type"] = content_type
+        elif body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
         try:

@@ -5,14 +5,19 @@ Split by tier; the rest: tests/unit/slices/test_slices.py.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from testkit.handle import ClusterHandle, wait_for
 
+from topodra import slicewire
 from topodra.apipaths import slices_path
-from topodra.devices import Device, int_attr, string_attr
+from topodra.devices import Device, bool_attr, int_attr, string_attr, version_attr
+from topodra.health.policy import DeviceTaint, Effect
 from topodra.inventory import Inventory
 from topodra.kube import KubeError
 from topodra.publisher import SlicePublisher
+from topodra.slices import build_slices, same_content
 
 DRIVER = "gpu.topodra.io"
 
@@ -84,3 +89,61 @@ def test_apiserver_rejects_nothing_we_publish_and_errors_are_clear(cluster: Clus
     p = SlicePublisher(cluster.kube, DRIVER, "no-such-node", Inventory(gpus(1)))
     with pytest.raises(KubeError, match="does not exist"):
         p.reconcile_once()
+
+
+@pytest.mark.cluster
+def test_protobuf_writes_reach_the_apiserver_unchanged(cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publisher writes slices as protobuf (topodra.slicewire): what the real apiserver stores, read back
+    as JSON, is exactly what build_slices made, for every field it writes (all attribute kinds, capacity
+    request policies, shared and consumed counters, several allocations, taints), on create and on replace."""
+    node = "pub-node-pb"
+    cluster.fake_nodes([node])
+    added = int(datetime(2026, 12, 3, 8, 0, 5, tzinfo=UTC).timestamp())
+    devices = [
+        Device(name="gpu-0", kind="gpu", attributes={
+            "type": string_attr("gpu"), "index": int_attr(0), "migCapable": bool_attr(False),
+            "driverVersion": version_attr("580.95.5"), "numaNode": int_attr(-1), "label": string_attr("")},
+            capacity={"memory": "80Gi", "multiprocessors": "132"},
+            shared_counters={"gpu-0-counters": {"memory": "80Gi", "multiprocessors": "132"}}),
+        Device(name="gpu-0-mig-1g10gb-0", kind="mig",
+               attributes={"type": string_attr("mig"), "parentDevice": string_attr("gpu-0")},
+               capacity={"memory": "10Gi"},
+               consumes_counters={"gpu-0-counters": {"memory": "10Gi", "multiprocessors": "16"}}),
+        Device(name="gpu-1", kind="gpu", attributes={"type": string_attr("gpu")}, capacity={"memory": "80Gi"},
+               allow_multiple_allocations=True,
+               capacity_policies={"memory": {"default": "1Gi", "min": "1Gi", "step": "1Gi"}}),
+    ]
+    taints = {"gpu-1": [DeviceTaint("gpu.topodra.io/xid", "79", Effect.NO_EXECUTE, added),
+                        DeviceTaint("gpu.topodra.io/ecc", "", Effect.NO_SCHEDULE, added)]}
+    sent: list[tuple[str, str]] = []
+    real = cluster.kube.request
+
+    def spy(method: str, path: str, *args: object, **kwargs: object) -> dict:  # type: ignore[type-arg]
+        if method in ("POST", "PUT"):
+            sent.append((method, str(kwargs.get("content_type", "application/json"))))
+        return real(method, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    inventory = Inventory(devices)
+    pub = SlicePublisher(cluster.kube, DRIVER, node, inventory, taints=lambda: taints, min_write_interval=0,
+                         watch=False)
+    monkeypatch.setattr(cluster.kube, "request", spy)
+    assert pub.reconcile_once()
+    created = {s["metadata"]["name"]: s for s in _pool(cluster, node)}
+    uid = created[next(iter(created))]["metadata"]["ownerReferences"][0]["uid"]
+    want = build_slices(DRIVER, node, uid, devices, pub.generation, taints)
+    assert set(created) == {w["metadata"]["name"] for w in want}
+    for w in want:
+        got = created[w["metadata"]["name"]]
+        assert got["spec"] == w["spec"], w["metadata"]["name"]
+        assert got["metadata"]["labels"] == w["metadata"]["labels"]
+        assert got["metadata"]["ownerReferences"] == w["metadata"]["ownerReferences"]
+        assert same_content(got, w)
+    # A change: the same slices replaced (PUT with their resourceVersions), again as protobuf.
+    taints["gpu-1"] = taints["gpu-1"][:1]
+    assert pub.reconcile_once()
+    replaced = {s["metadata"]["name"]: s for s in _pool(cluster, node)}
+    for w in build_slices(DRIVER, node, uid, devices, pub.generation, taints):
+        assert replaced[w["metadata"]["name"]]["spec"] == w["spec"]
+    monkeypatch.undo()
+    assert {m for m, _ in sent} == {"POST", "PUT"}
+    assert all(ct == slicewire.CONTENT_TYPE for _, ct in sent), sent
