@@ -211,8 +211,8 @@ def settle_nodes(lc: localcluster.Cluster) -> dict[str, Any]:
     The apiserver's TaintNodesByCondition admission taints every new Node; the controller lifts it a few Nodes
     per second (rate-limited: 105 s for 500 Nodes, bench/schedule_throughput), so at 2,048 Nodes inventory ran
     while it was still patching them, measured a busy API server and drew most Nodes unschedulable. One
-    merge patch per Node, the other taints kept; ``tainted`` says how many it found. Runs after simulate is
-    measured, before every other row."""
+    merge patch per Node, the other taints kept; ``tainted`` says how many it found, ``left`` how many still carry
+    it after (0 unless a Node was re-tainted meanwhile). Runs after simulate is measured, before every other row."""
     kube = lc.kube()
     t0 = time.monotonic()
 
@@ -220,8 +220,11 @@ def settle_nodes(lc: localcluster.Cluster) -> dict[str, Any]:
         return any(c.get("type") == "Ready" and c.get("status") == "True"
                    for c in (node.get("status") or {}).get("conditions") or [])
 
-    todo = [n for n in kube.list(node_path()) if ready(n)
-            and any(t.get("key") == NOT_READY for t in (n.get("spec") or {}).get("taints") or [])]
+    def tainted() -> list[Obj]:
+        return [n for n in kube.list(node_path()) if ready(n)
+                and any(t.get("key") == NOT_READY for t in (n.get("spec") or {}).get("taints") or [])]
+
+    todo = tainted()
 
     def lift(node: Obj) -> None:
         rest = [t for t in node["spec"]["taints"] if t.get("key") != NOT_READY]
@@ -233,7 +236,8 @@ def settle_nodes(lc: localcluster.Cluster) -> dict[str, Any]:
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lift, todo))
-    return {"tainted": len(todo), "settle_s": time.monotonic() - t0}
+    took = time.monotonic() - t0
+    return {"tainted": len(todo), "settle_s": took, "left": len(tainted())}
 
 
 def run_inventory(lc: localcluster.Cluster, gpus: int, runs: int, png_out: Path | None,

@@ -14,7 +14,7 @@ dropped silently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,12 +84,17 @@ def _bool(v: Any, where: str) -> bool:
     return v
 
 
+def _set(target: Any, d: Mapping[str, Any], fields: tuple[str, ...], check: Callable[[Any, str], Any],
+         where: str) -> None:
+    """``target.f = d[f]`` for each of ``fields`` that ``d`` has, each value checked by ``check``."""
+    for f in fields:
+        if f in d:
+            setattr(target, f, check(d[f], f"{where}.{f}"))
+
+
 def _meta(m: pb.ObjectMeta, d: Mapping[str, Any]) -> None:
     _only(d, _META, "metadata")
-    if "name" in d:
-        m.name = _str(d["name"], "metadata.name")
-    if "resourceVersion" in d:
-        m.resourceVersion = _str(d["resourceVersion"], "metadata.resourceVersion")
+    _set(m, d, ("name", "resourceVersion"), _str, "metadata")
     for field in ("labels", "annotations"):
         target = getattr(m, field)
         for k, v in (d.get(field) or {}).items():
@@ -97,28 +102,17 @@ def _meta(m: pb.ObjectMeta, d: Mapping[str, Any]) -> None:
     for o in d.get("ownerReferences") or ():
         _only(o, _OWNER, "metadata.ownerReferences[]")
         r = m.ownerReferences.add()
-        for field in ("apiVersion", "kind", "name", "uid"):
-            if field in o:
-                setattr(r, field, _str(o[field], f"ownerReferences[].{field}"))
-        for field in ("controller", "blockOwnerDeletion"):
-            if field in o:
-                setattr(r, field, _bool(o[field], f"ownerReferences[].{field}"))
+        _set(r, o, ("apiVersion", "kind", "name", "uid"), _str, "ownerReferences[]")
+        _set(r, o, ("controller", "blockOwnerDeletion"), _bool, "ownerReferences[]")
 
 
 def _spec(s: pb.ResourceSliceSpec, d: Mapping[str, Any]) -> None:
     _only(d, _SPEC, "spec")
-    if "driver" in d:
-        s.driver = _str(d["driver"], "spec.driver")
-    if "nodeName" in d:
-        s.nodeName = _str(d["nodeName"], "spec.nodeName")
+    _set(s, d, ("driver", "nodeName"), _str, "spec")
     if "pool" in d:
-        pool = d["pool"]
-        _only(pool, _POOL, "spec.pool")
-        if "name" in pool:
-            s.pool.name = _str(pool["name"], "spec.pool.name")
-        for field in ("generation", "resourceSliceCount"):
-            if field in pool:
-                setattr(s.pool, field, _int(pool[field], f"spec.pool.{field}"))
+        _only(d["pool"], _POOL, "spec.pool")
+        _set(s.pool, d["pool"], ("name",), _str, "spec.pool")
+        _set(s.pool, d["pool"], ("generation", "resourceSliceCount"), _int, "spec.pool")
     for dev in d.get("devices") or ():
         _device(s.devices.add(), dev)
     for cs in d.get("sharedCounters") or ():
@@ -169,8 +163,7 @@ def _device(out: pb.Device, d: Mapping[str, Any]) -> None:
         _only(t, _TAINT, f"{where}: taints[]")
         taint = out.taints.add()
         taint.key = _str(t.get("key"), f"{where}: taint key")
-        if "value" in t:
-            taint.value = _str(t["value"], f"{where}: taint value")
+        _set(taint, t, ("value",), _str, f"{where}: taint")
         taint.effect = _str(t.get("effect"), f"{where}: taint effect")
         if "timeAdded" in t:
             taint.timeAdded.seconds = _seconds(t["timeAdded"], f"{where}: taint timeAdded")

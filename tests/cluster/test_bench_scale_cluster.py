@@ -27,6 +27,7 @@ def test_bench_scale_at_64_nodes(tmp_path: Path) -> None:
     assert size["nodes"] == 64
     assert size["simulate"]["gpus"] == 512
     assert size["simulate"]["requests"] > 64  # at least a node and a slice write per node
+    assert size["settle"]["left"] == 0 and 0 <= size["settle"]["tainted"] <= 64  # the rows after saw settled Nodes
     assert size["etcd"]["slices"] == 64
     assert size["etcd"]["devices"] == 1024  # 8 GPUs + 8 NICs per node
     assert size["etcd"]["db_bytes"] > 0 and size["etcd"]["slice_bytes"] > 0
