@@ -220,10 +220,12 @@ def make_handler(placement: Placement) -> type[BaseHTTPRequestHandler]:
                 placement.calls.labels("error").inc()
                 self._send(500, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
                 return
-            self._send(200, reply)
+            # Counted before the reply is written: a caller that has the reply finds the call in /metrics
+            # (observed after the write, a /metrics read right after the reply could miss it).
             placement.calls.labels("ok").inc()
             placement.latency.observe(time.perf_counter() - t0)
             placement.cpu.observe(time.thread_time() - c0)
+            self._send(200, reply)
 
     return Handler
 
