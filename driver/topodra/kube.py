@@ -340,11 +340,10 @@ class Kube:
         if query:
             path = f"{path}?{urlencode(query)}"
         headers = {"Accept": "application/json", "User-Agent": "topodra"}
+        if data is None and body is not None:
+            data = json.dumps(body).encode()
         if data is not None:
             headers["Content-Type"] = content_type
-        elif body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body).encode()
         try:
             status, reason, raw = self._t.send(method, path, data, headers, self._timeout)
         except Exception as e:  # connection refused, TLS, timeouts
