@@ -72,7 +72,7 @@ def ensure_cluster() -> localcluster.Cluster:
         say(f"reusing the running cluster in {lc.state_dir}")
     else:
         say("starting the real local cluster with one kubelet node (binaries are built once and cached)")
-        lc.up(node=True)
+        lc.up(node=True, owner=localcluster.DEMO_OWNER)
     return lc
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from testkit.cluster import TOPOLOGY_SCHEDULING, WORKLOAD_API, Cluster
+from testkit.cluster import TOPOLOGY_SCHEDULING, WORKLOAD_API, Cluster, default_state_dir, stop_demo_cluster
 from testkit.handle import ClusterHandle
 from testkit.locks import CLUSTER_LOCK_FILE
 from testkit.paths import REPO
@@ -44,6 +44,7 @@ class _Manager:
         self.owned = False
         self._lock_fd: int | None = None
         self.leftovers: list[str] = []
+        self.config: pytest.Config | None = None  # set by pytest_configure: where the one-line notices go
 
     def _lock(self) -> None:
         """The cluster uses fixed loopback ports: concurrent test sessions on one machine take turns."""
@@ -62,12 +63,26 @@ class _Manager:
         state = os.environ.get("TOPODRA_TEST_CLUSTER_DIR") or tempfile.mkdtemp(prefix="topodra-test-cluster-")
         if self.lc is not None:
             self._stop_cluster()
+        elif Path(state).resolve() != default_state_dir().resolve():
+            self._stop_demo()
         lc = Cluster(state_dir=Path(state))
         if not os.environ.get("TOPODRA_TEST_CLUSTER_DIR"):
             # A fresh temp dir: let the harness own it (it refuses non-empty foreign dirs).
             Path(state).rmdir()
         lc.up(node=node, build=True, features=sorted(features))
         self.lc, self.with_node, self.features, self.owned = lc, node, features, True
+
+    def _stop_demo(self) -> None:
+        """``make demo`` leaves its cluster running on the ports and the node these tests need: stop it and
+        say so in one line on the terminal (past pytest's capture), so ``make demo`` then ``make test`` passes."""
+        line = stop_demo_cluster()
+        if line is None:
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter") if self.config else None
+        if reporter is not None:
+            reporter.write_line(f"\n[topodra] {line}")
+        else:
+            print(f"[topodra] {line}", file=sys.stderr)
 
     def _stop_cluster(self) -> None:
         if self.lc is not None and self.owned:
@@ -90,6 +105,10 @@ class _Manager:
 
 
 _MANAGER = _Manager()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _MANAGER.config = config
 
 
 @pytest.fixture(autouse=True)

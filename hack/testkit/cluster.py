@@ -48,13 +48,14 @@ from testkit.schedconfig import (
 from topodra.kube import Kube, KubeError
 
 # Re-exported: callers that hold a Cluster reach the rest of its vocabulary here.
-__all__ = ["CLUSTER_LOCK_FILE", "FREE_PORT_RANGE", "NODE_NAME", "PORTS", "REPO", "SCHEDULER_CONFIG_API",
+__all__ = ["CLUSTER_LOCK_FILE", "DEMO_OWNER", "FREE_PORT_RANGE", "NODE_NAME", "PORTS", "REPO", "SCHEDULER_CONFIG_API",
            "SCHEDULER_EXTENDER_WEIGHT", "Cluster", "ClusterError", "Ports", "cluster_lock", "default_state_dir",
            "extender_stanza", "free_port", "instance_lock_file", "main", "pid_alive", "port_holder", "proc_status",
-           "rss_mib", "scheduler_configuration", "tail"]
+           "rss_mib", "scheduler_configuration", "stop_demo_cluster", "tail"]
 
 K8S_VERSION = "v1.37.2"
 NODE_NAME = "topodra-node"
+DEMO_OWNER = "demo"  # cluster.json's owner when ``make demo`` started the cluster (stop_demo_cluster)
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
 BUSYBOX_IMAGE = "localhost/busybox:1.35"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -261,11 +262,12 @@ class Cluster:
 
     def up(self, node: bool = False, fake_nodes: int = 0, build: bool = True,
            scheduler_config: dict[str, Any] | None = None, scheduler_extender: str | None = None,
-           features: tuple[str, ...] | list[str] = ()) -> None:
-        """Start the cluster. ``scheduler_config`` (a KubeSchedulerConfiguration without
-        clientConnection) and ``scheduler_extender`` (a prioritize-only extender URL) shape kube-scheduler;
-        ``features`` (``WORKLOAD_API``, ``TOPOLOGY_SCHEDULING``) turn on Kubernetes feature gates on the
-        apiserver, controller-manager and scheduler (``GATE_SETS``)."""
+           features: tuple[str, ...] | list[str] = (), owner: str = "") -> None:
+        """Start the cluster. ``owner`` names who started it (``DEMO_OWNER``: ``make demo``), recorded in
+        cluster.json so a test run can tell the demo's cluster from a developer's own. ``scheduler_config``
+        (a KubeSchedulerConfiguration without clientConnection) and ``scheduler_extender`` (a prioritize-only
+        extender URL) shape kube-scheduler; ``features`` (``WORKLOAD_API``, ``TOPOLOGY_SCHEDULING``) turn on
+        Kubernetes feature gates on the apiserver, controller-manager and scheduler (``GATE_SETS``)."""
         t0 = time.monotonic()
         gate_flags(features)  # an unknown name fails before anything starts
         if node and not self.ports.is_default:
@@ -279,7 +281,7 @@ class Cluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._save({"pids": {}, "bin_dir": str(bins), "node": node, "node_name": self.node_name,
                     "started": time.time(), "ports": dataclasses.asdict(self.ports),
-                    "features": sorted(set(features))})
+                    "features": sorted(set(features)), "owner": owner})
         try:
             self._up_control_plane(bins, scheduler_config, scheduler_extender)
             log(f"control plane ready in {time.monotonic() - t0:.1f}s")
@@ -644,6 +646,11 @@ state = "{self.containerd_state}"
                 with contextlib.suppress(OSError):
                     kp.rmdir()
 
+    @property
+    def owner(self) -> str:
+        """Who started the cluster recorded here (``up``'s ``owner``; "" when not said)."""
+        return str(self.meta().get("owner") or "")
+
     # ----- status
 
     def status(self) -> str:
@@ -662,6 +669,31 @@ state = "{self.containerd_state}"
                     lines.append(f"  node {n['metadata']['name']:20s} Ready={ready}")
         lines.append(f"export KUBECONFIG={self.admin_kubeconfig}")
         return "\n".join(lines)
+
+
+def stop_demo_cluster(state_dir: Path | None = None) -> str | None:
+    """Stop the ``make demo`` cluster running from ``state_dir`` (default: ``default_state_dir()``) so a test
+    run can take the fixed ports, /var/lib/kubelet and containerd's state that a node cluster needs.
+
+    Returns the one line to show the user, or None when nothing runs there. A running cluster there that the
+    demo did not start (``hack/cluster up`` by hand) is someone's work: raise a ClusterError that says what to
+    run, and stop nothing. The README promises ``make demo`` then ``make test`` passes with no
+    ``make demo-down`` between them (issue 31), and the node cluster cannot run twice on one host.
+    """
+    demo = Cluster.attach(state_dir or default_state_dir())
+    alive = demo.running()
+    if not alive:
+        return None
+    if demo.owner != DEMO_OWNER:
+        raise ClusterError(f"a cluster started by hand runs from {demo.state_dir} "
+                           f"({', '.join(f'{n}={p}' for n, p in alive.items())}) and holds the ports and the node "
+                           "the tests need; stop it with 'hack/cluster down' (the tests stop only the demo's)")
+    demo.down(quiet=True)
+    left = demo.running()
+    if left:
+        raise ClusterError(f"stopping the demo's cluster in {demo.state_dir} left processes running: {left}")
+    return (f"stopped the demo's cluster ({demo.state_dir}): the tests need its ports and node; "
+            "'make demo' starts it again")
 
 
 def main(argv: list[str] | None = None) -> int:

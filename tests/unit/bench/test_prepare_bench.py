@@ -114,19 +114,25 @@ def test_table_shows_labels_values_and_ratios() -> None:
     assert next(line for line in lines if "unprepare p99" in line).split()[-1] == "-"  # b is 0: no ratio
 
 
-def test_default_run_is_unchanged_and_compare_flags_are_checked(tmp_path: Path) -> None:
+def refused(argv: list[str], why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's usage error (exit code 2) with ``why`` on stderr."""
+    with pytest.raises(SystemExit) as e:
+        main.parse_args(argv)
+    assert e.value.code == 2
+    assert why in capsys.readouterr().err
+
+
+def test_default_run_is_unchanged_and_compare_flags_are_checked(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main.parse_args([]).compare_with is None
     not_exec = tmp_path / "plugin"
     not_exec.write_text("")
-    with pytest.raises(SystemExit):
-        main.parse_args(["--compare-with", str(not_exec)])
-    with pytest.raises(SystemExit):
-        main.parse_args(["--compare-with", str(tmp_path / "missing")])
+    refused(["--compare-with", str(not_exec)], "not an executable file", capsys)
+    refused(["--compare-with", str(tmp_path / "missing")], "not an executable file", capsys)
     not_exec.chmod(0o755)
-    with pytest.raises(SystemExit):
-        main.parse_args(["--compare-with", str(not_exec), "--compare-args", "--n={nod}"])
-    with pytest.raises(SystemExit):
-        main.parse_args(["--compare-with", str(not_exec), "--rounds", "0"])
+    # "=": a value starting with "--" is otherwise taken for an option (the old test passed on that error)
+    refused(["--compare-with", str(not_exec), "--compare-args=--n={nod}"], "{nod}", capsys)
+    refused(["--compare-with", str(not_exec), "--rounds", "0"], "--rounds must be at least 1", capsys)
     args = main.parse_args(["--compare-with", str(not_exec), "--rounds", "4"])
     assert args.compare_with == not_exec.resolve() and args.rounds == 4 and args.compare_args == other.EXAMPLE_ARGS
 

@@ -140,7 +140,8 @@ def test_cleanup_campaign(tmp_path: Path) -> None:
     assert out["lost"] == [] and all(n > 0 for n in out["claims"].values())
 
 
-def test_entry_point_writes_json_and_fails_on_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_writes_json_and_fails_on_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
     args = ["--only", "crash,cleanup", "--crash-runs", "5", "--cleanup-rounds", "3", "--workdir", str(tmp_path),
             "--out", str(out)]
@@ -149,5 +150,8 @@ def test_entry_point_writes_json_and_fails_on_loss(tmp_path: Path, monkeypatch: 
     assert set(doc["results"]) == {"crash", "cleanup"} and doc["results"]["crash"]["runs"] == 5
     monkeypatch.setattr(DeviceState, "_remove_orphans", lambda self, data: [])
     assert reliability_main.main([*args[:4], "--crash-runs", "30", *args[6:]]) == 1
-    with pytest.raises(SystemExit):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
         reliability_main.parse(["--only", "crash,nothing"])
+    assert e.value.code == 2
+    assert "--only: unknown parts ['nothing']" in capsys.readouterr().err

@@ -53,11 +53,13 @@ def test_first_nodes_refuses_more_than_the_file_has() -> None:
         first_nodes(big, 4096)
 
 
-def test_bad_arguments_are_refused() -> None:
-    with pytest.raises(SystemExit):
-        parse_args(["--rows", "simulate,nope"])
-    with pytest.raises(SystemExit):
-        parse_args(["--sizes", "64,x"])
+def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, why in ((["--rows", "simulate,nope"], "unknown rows ['nope']"),
+                      (["--sizes", "64,x"], "--sizes must be integers")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2  # argparse's usage error, not a run that ended
+        assert why in capsys.readouterr().err
     assert parse_args(["--sizes", "256,64"]).size_list == [64, 256]
 
 
