@@ -176,7 +176,8 @@ def topodra(*args: str) -> list[str]:
 def run_simulate(lc: localcluster.Cluster, sub: Path, n: int) -> dict[str, Any]:
     m0 = request_counts(apiserver_metrics(lc))
     t0 = time.perf_counter()
-    p = subprocess.run(topodra("simulate", str(sub), "--once", "--kubeconfig", str(lc.admin_kubeconfig)),
+    p = subprocess.run(topodra("simulate", str(sub), "--once", "--ready-timeout", "0",  # settle_nodes, after timing
+                               "--kubeconfig", str(lc.admin_kubeconfig)),
                        capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
     if p.returncode != 0:

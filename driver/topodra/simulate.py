@@ -48,6 +48,7 @@ from topodra.slicewatch import SliceWatch
 log = logging.getLogger(__name__)
 
 FAKE_NODE_LABEL = "topodra.io/fake-node"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # Concurrent API calls when creating nodes and publishing: the round trips overlap and the apiserver
 # uses every core; 8 is also the Kube client's connection pool size.
 API_WORKERS = 8
@@ -400,6 +401,33 @@ class Simulation:
     def _all(self) -> list[SlicePublisher]:
         return [*self.publishers.values(), *self.cpu_publishers.values()]
 
+    def not_ready(self) -> list[str]:
+        """The simulated Nodes that still carry ``node.kubernetes.io/not-ready`` (one list of Nodes)."""
+        ours = {n.name for n in self.nodes}
+        return sorted(n["metadata"]["name"] for n in self.kube.list(node_path())
+                      if n["metadata"]["name"] in ours
+                      and any(t.get("key") == NOT_READY_TAINT for t in (n.get("spec") or {}).get("taints") or []))
+
+    def wait_schedulable(self, timeout: float, clock: Any = time.monotonic, pause: Any = time.sleep) -> list[str]:
+        """Wait until kube-controller-manager's node lifecycle controller has lifted ``not-ready`` from every
+        simulated Node; the ones still tainted at ``timeout`` (empty: all schedulable).
+
+        The apiserver's TaintNodesByCondition admission taints every new Node ``not-ready``, and the controller
+        lifts it from Ready Nodes a few per second (105 s for 500 Nodes, bench/schedule_throughput). Until then
+        no pod can bind there, so ``--once`` returning earlier handed its caller a cluster that was not there
+        yet (issue 31). The lifting stays the controller's, as on a real cluster: this only waits for it."""
+        deadline = clock() + timeout
+        last_log = clock()
+        while True:
+            left = self.not_ready()
+            if not left or clock() >= deadline:
+                return left
+            if clock() - last_log >= 10:
+                log.info("%d of %d simulated nodes still carry %s (kube-controller-manager lifts it)", len(left),
+                         len(self.nodes), NOT_READY_TAINT)
+                last_log = clock()
+            pause(0.5)
+
     def reconcile_all(self) -> int:
         """One pass over every node, ``API_WORKERS`` at a time; returns how many pools were written.
 
@@ -495,7 +523,11 @@ class Simulation:
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("cluster_file", help="SimulatedCluster YAML (see hack/clusters/)")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
-    p.add_argument("--once", action="store_true", help="publish everything once and exit (slices stay)")
+    p.add_argument("--once", action="store_true",
+                   help="publish everything once, wait until the nodes are schedulable, and exit (slices stay)")
+    p.add_argument("--ready-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="with --once: how long to wait for kube-controller-manager to lift node.kubernetes.io/"
+                        "not-ready from the simulated nodes (exit 1 if some still carry it); 0: do not wait")
     p.add_argument("--delete", action="store_true", help="delete the simulated nodes and their slices")
     p.add_argument("--resync", type=float, default=10.0, help="seconds between reconcile passes")
 
@@ -516,6 +548,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
+    if args.ready_timeout < 0:
+        log.error("--ready-timeout must be 0 (do not wait) or more, got %s", args.ready_timeout)
+        return 2
     kube = Kube.from_kubeconfig(args.kubeconfig)
     sim = Simulation(kube, cluster)
     if args.delete:
@@ -529,6 +564,15 @@ def run(args: argparse.Namespace) -> int:
     gpus = sum(1 for p in sim.publishers.values() for d in p.inventory.devices if d.kind == "gpu")
     log.info("published %d nodes, %d GPUs in %.1fs", len(sim.nodes), gpus, time.monotonic() - t0)
     if args.once:
+        if args.ready_timeout <= 0:
+            return 0
+        t1 = time.monotonic()
+        left = sim.wait_schedulable(args.ready_timeout)
+        if left:
+            log.error("%d of %d simulated nodes still carry %s after %.0fs (is kube-controller-manager running?): "
+                      "%s", len(left), len(sim.nodes), NOT_READY_TAINT, args.ready_timeout, ", ".join(left[:5]))
+            return 1
+        log.info("all %d nodes schedulable after %.1fs more", len(sim.nodes), time.monotonic() - t1)
         return 0
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

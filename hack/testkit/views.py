@@ -38,7 +38,7 @@ def node_slices(node: str, profile: str) -> list[Obj]:
         s["metadata"]["name"] = s["metadata"]["name"].replace("template", node, 1)
         s["spec"]["nodeName"] = node
         s["spec"]["pool"]["name"] = node
-        for d in s["spec"]["devices"]:
+        for d in s["spec"].get("devices", ()):  # a MIG GPU's counter sets come in slices with no devices
             for attr in d.get("attributes", {}).values():
                 if isinstance(attr.get("string"), str) and attr["string"].startswith("template/"):
                     attr["string"] = node + attr["string"][len("template"):]

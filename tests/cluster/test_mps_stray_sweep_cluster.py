@@ -108,3 +108,27 @@ def test_plugin_start_deletes_a_stray_daemon_pod_and_keeps_the_live_claims(
     assert {name: state_of(kube, ns, name) for name in others} == before
     assert [r.getMessage() for r in caplog.records if r.name == "topodra.sharing.mpssweep"] == [
         f"claim crashed-before-delete: deleted stray MPS daemon pod {ns}/{stray} (no prepared claim records it)"]
+
+
+def test_a_node_name_longer_than_a_label_value_gets_its_daemon_pods_and_its_sweep(cluster: ClusterHandle) -> None:
+    """A node name is a DNS subdomain of up to 253 characters, a label value at most 63: the pod's node label
+    is then a hash (``mpspod.node_label``), which the real API server accepts and the sweep selects by."""
+    from topodra.sharing import mpssweep
+
+    ns = cluster.namespace("mps-longnode")
+    node = "gpu-" + "a" * 70 + ".rack-17.example.internal"
+    other = "gpu-" + "a" * 70 + ".rack-18.example.internal"  # same first 63 characters
+    try:
+        stray = daemon_pod(cluster.kube, ns, "stray-long", node)  # a 422 here before issue 31's fix
+        kept = daemon_pod(cluster.kube, ns, "other-long", other)
+        deleted, errors = mpssweep.sweep(cluster.kube, ns, node, lambda: set())
+        assert (deleted, errors) == (["stray-long"], {})
+        gone = state_of(cluster.kube, ns, stray)
+        assert gone is None or gone[1]
+        kept_state = state_of(cluster.kube, ns, kept)
+        assert kept_state is not None and not kept_state[1], "another node's pod is not this node's to sweep"
+    finally:
+        for pod in cluster.kube.list(mpspod.pods_path(ns)):
+            cluster.kubectl("delete", "pod", "-n", ns, pod["metadata"]["name"], "--grace-period=0", "--force",
+                            check=False)
+        cluster.kube.delete(f"/api/v1/namespaces/{ns}")

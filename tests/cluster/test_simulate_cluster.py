@@ -106,3 +106,34 @@ def test_enterprise_400_publishes_400_gpus(cluster: ClusterHandle) -> None:
     # A second pass writes nothing: the simulation is a stable reconciler.
     assert sim.reconcile_all() == 0
     sim.delete()
+
+
+@pytest.mark.cluster
+def test_once_returns_only_when_every_simulated_node_is_schedulable(cluster: ClusterHandle, tmp_path: Any) -> None:
+    """``topodra simulate --once`` (the CLI, as the demo and users run it) exits after kube-controller-manager
+    lifted ``node.kubernetes.io/not-ready`` from every new Node (issue 31: it returned with them tainted)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from topodra.apipaths import node_path
+
+    prefix = f"once-{tmp_path.name[-6:].lower().replace('_', '-')}"
+    spec = {"apiVersion": "topodra.io/v1alpha1", "kind": "SimulatedCluster",
+            "groups": [{"namePrefix": f"{prefix}-", "count": 6, "profile": "dgx-h100"}]}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    try:
+        p = subprocess.run([sys.executable, "-m", "topodra.cli", "simulate", str(path), "--once",
+                            "--kubeconfig", cluster.kubeconfig],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        ours = [n for n in cluster.kube.list(node_path()) if n["metadata"]["name"].startswith(prefix)]
+        assert len(ours) == 6
+        assert [n["metadata"]["name"] for n in ours
+                if any(t.get("key") == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])] == []
+        assert "all 6 nodes schedulable" in p.stderr + p.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "topodra.cli", "simulate", str(path), "--delete",
+                        "--kubeconfig", cluster.kubeconfig], capture_output=True, timeout=300)

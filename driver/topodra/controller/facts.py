@@ -96,8 +96,12 @@ class WatchedFacts:
     first one that asks for pods) before it reports the state as unreadable.
     """
 
-    def __init__(self, kube: Kube, driver: str, watch_timeout: int = 300, sync_wait: float = 30.0) -> None:
+    def __init__(self, kube: Kube, driver: str, watch_timeout: int = 300, sync_wait: float = 30.0,
+                 owns_client: bool = False) -> None:
         self.driver = driver
+        # ``owns_client``: the client was made for these watches alone (the controller's), so ``close`` closes
+        # it too; a client shared with others is theirs to close.
+        self._kube, self._owns_client = kube, owns_client
         self.sync_wait = sync_wait
         self._slices: dict[str, SliceFacts] = {}
         self._claims: dict[tuple[str, str], tuple[DeviceKey, ...]] = {}
@@ -124,7 +128,11 @@ class WatchedFacts:
         self.informer.start()
 
     def close(self) -> None:
+        """Stop watching; close the client when it is ours (its pooled connections go with it)."""
         self.informer.close()
+        if self._owns_client:
+            self._owns_client = False
+            self._kube.close()
 
     def wait_synced(self, timeout: float) -> bool:
         return self.informer.wait_synced(timeout, BASE_KINDS)

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
     # Availability reads watched facts (controller/facts.py), with a client of its own: its watches hold
     # their connections for minutes and must not take those of the handlers' requests.
-    cache = WatchedFacts(Kube.from_kubeconfig(args.kubeconfig), cfg.driver)
+    cache = WatchedFacts(Kube.from_kubeconfig(args.kubeconfig), cfg.driver, owns_client=True)
     cache.start()
     loop = RefreshLoop(kube, cfg, cache, stop=stop)
     if not term.is_set():

@@ -13,6 +13,7 @@ this module is the other half, run after it (``effects.mps``).  Readiness is the
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,6 +44,16 @@ class PodApi(Protocol):
     def delete(self, path: str, missing_ok: bool = True) -> None: ...
     def list(self, path: str, label_selector: str | None = None,
              field_selector: str | None = None) -> Iterator[Obj]: ...  # the stray sweep (mpssweep)
+
+
+def node_label(node: str) -> str:
+    """The ``NODE_LABEL`` value of ``node``'s daemon pods: the name itself when it fits a label value (63
+    characters), else ``sha256-`` and the first 56 hex digits of its SHA-256. A node name is a DNS subdomain of
+    up to 253 characters, and a label value over 63 makes the API server refuse the pod (issue 31). The sweep
+    also checks ``spec.nodeName``, so the label only narrows the list."""
+    if len(node) <= 63:
+        return node
+    return "sha256-" + hashlib.sha256(node.encode()).hexdigest()[:56]
 
 
 def pod_name(claim_uid: str) -> str:
@@ -77,7 +88,7 @@ def manifest(claim_uid: str, *, namespace: str, node: str, image: str, argv: Seq
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(claim_uid), "namespace": namespace,
-                     "labels": {APP_LABEL[0]: APP_LABEL[1], CLAIM_LABEL: claim_uid, NODE_LABEL: node}},
+                     "labels": {APP_LABEL[0]: APP_LABEL[1], CLAIM_LABEL: claim_uid, NODE_LABEL: node_label(node)}},
         "spec": {
             "nodeName": node,
             "restartPolicy": "OnFailure",  # ``quit`` ends it for good; a crash is restarted by the kubelet

@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable
 
-from topodra.sharing.mpspod import APP_LABEL, CLAIM_LABEL, NODE_LABEL, Obj, PodApi, pod_name, pods_path
+from topodra.sharing.mpspod import APP_LABEL, CLAIM_LABEL, NODE_LABEL, Obj, PodApi, node_label, pod_name, pods_path
 
 log = logging.getLogger(__name__)
 
 
 def selector(node: str) -> str:
     """The label selector of this node's daemon pods."""
-    return f"{APP_LABEL[0]}={APP_LABEL[1]},{NODE_LABEL}={node}"
+    return f"{APP_LABEL[0]}={APP_LABEL[1]},{NODE_LABEL}={node_label(node)}"
 
 
 def strays(pods: Iterable[Obj], node: str, recorded: Collection[str]) -> list[tuple[str, str]]:
@@ -35,7 +35,7 @@ def strays(pods: Iterable[Obj], node: str, recorded: Collection[str]) -> list[tu
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
         uid = labels.get(CLAIM_LABEL)
-        ours = (labels.get(APP_LABEL[0]) == APP_LABEL[1] and labels.get(NODE_LABEL) == node
+        ours = (labels.get(APP_LABEL[0]) == APP_LABEL[1] and labels.get(NODE_LABEL) == node_label(node)
                 and (pod.get("spec") or {}).get("nodeName") == node and uid and meta.get("name") == pod_name(uid))
         if ours and uid not in recorded:
             out.append((str(uid), str(meta["name"])))

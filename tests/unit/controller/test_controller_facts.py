@@ -327,3 +327,24 @@ def test_gc_paused_restores_the_collector_after_overlapping_pauses() -> None:
         assert not gc.isenabled()  # disabled before: stays so
     finally:
         gc.enable()
+
+
+class _ClosingKube(ScriptedKube):
+    def __init__(self, script: dict[str, list[Any]]) -> None:
+        super().__init__(script)
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_close_closes_the_client_it_owns_once_and_never_a_shared_one() -> None:
+    """The controller makes a second client for its watches alone (issue 31: it was never closed)."""
+    owned, shared = _ClosingKube(script()), _ClosingKube(script())
+    mine = WatchedFacts(owned, D, owns_client=True)
+    theirs = WatchedFacts(shared, D)
+    for f in (mine, theirs):
+        f.close()
+        f.close()
+    assert (owned.closed, shared.closed) == (1, 0)
+    assert mine.informer.stop.is_set() and theirs.informer.stop.is_set()

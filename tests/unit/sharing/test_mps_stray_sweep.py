@@ -231,3 +231,19 @@ def test_a_failed_unprepare_sweeps_and_a_clean_one_does_not_list(tmp_path: Path,
     assert mpspod.pods_path(NS, mpspod.pod_name("left-by-an-earlier-process")) not in api.pods, \
         "the failed unprepare swept the stray pod no process knew of"
     assert left not in api.pods and b not in api.pods, "and the sweep deleted b's pod on its second try"
+
+
+def test_node_label_is_the_name_up_to_63_characters_then_a_hash() -> None:
+    from topodra.sharing import mpspod, mpssweep
+
+    assert mpspod.node_label("node-1") == "node-1"
+    assert mpspod.node_label("n" * 63) == "n" * 63
+    long_a, long_b = "x" * 63 + ".a", "x" * 63 + ".b"
+    la, lb = mpspod.node_label(long_a), mpspod.node_label(long_b)
+    assert len(la) == 63 and la.startswith("sha256-") and la != lb
+    assert mpssweep.selector(long_a).endswith(f"={la}")
+    pod = mpspod.manifest("u1", namespace="ns", node=long_a, image="i", argv=["true"], env={},
+                          pipe=Path("/p"), logs=Path("/l"), shm=Path("/s"))
+    assert pod["metadata"]["labels"][mpspod.NODE_LABEL] == la
+    assert mpssweep.strays([pod], long_a, set()) == [("u1", "topodra-mps-u1")]
+    assert mpssweep.strays([pod], long_b, set()) == []  # another node's (it is bound to long_a)

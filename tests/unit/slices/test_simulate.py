@@ -55,3 +55,57 @@ def test_node_ttl_is_the_ttl_controllers_step_for_the_cluster_size(nodes: int, t
 def test_a_created_node_carries_the_ttl_annotation_only_when_asked() -> None:
     assert "annotations" not in fake_node("n1")["metadata"]
     assert fake_node("n1", ttl=300)["metadata"]["annotations"] == {TTL_ANNOTATION: "300"}
+
+
+class _Nodes:
+    """The Node list as the node lifecycle controller lifts not-ready from one more Node per list."""
+
+    def __init__(self, names: list[str], lifted_per_list: int) -> None:
+        self.tainted = list(names)
+        self.per_list = lifted_per_list
+        self.lists = 0
+
+    def list(self, path: str) -> list[dict[str, Any]]:
+        assert path == "/api/v1/nodes"
+        self.lists += 1
+        out = [{"metadata": {"name": n}, "spec": {"taints": [{"key": "node.kubernetes.io/not-ready",
+                                                               "effect": "NoSchedule"}]}} for n in self.tainted]
+        out.append({"metadata": {"name": "someone-elses"}, "spec": {"taints": [
+            {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}})  # not ours: never waited for
+        del self.tainted[:self.per_list]
+        return out
+
+
+def _sim(kube: Any) -> Any:
+    from topodra.simulate import Simulation
+
+    return Simulation(kube, SimulatedCluster.model_validate(
+        {"groups": [{"namePrefix": "w-", "count": 3, "profile": "dgx-h100"}]}))
+
+
+def test_wait_schedulable_waits_for_the_controller_to_lift_not_ready() -> None:
+    kube = _Nodes(["w-0", "w-1", "w-2"], lifted_per_list=1)
+    now = [0.0]
+    sim = _sim(kube)
+    left = sim.wait_schedulable(60, clock=lambda: now[0], pause=lambda s: now.__setitem__(0, now[0] + s))
+    assert left == [] and kube.lists == 4  # 3, 2, 1, then none of ours
+
+
+def test_wait_schedulable_names_the_nodes_left_at_the_timeout() -> None:
+    kube = _Nodes(["w-0", "w-1", "w-2"], lifted_per_list=0)
+    now = [0.0]
+    sim = _sim(kube)
+    left = sim.wait_schedulable(5, clock=lambda: now[0], pause=lambda s: now.__setitem__(0, now[0] + s))
+    assert left == ["w-0", "w-1", "w-2"] and now[0] >= 5
+
+
+def test_a_negative_ready_timeout_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    import argparse
+
+    from topodra import simulate
+
+    p = argparse.ArgumentParser()
+    simulate.configure(p)
+    args = p.parse_args([str(REPO / "hack/clusters/mixed-8.yaml"), "--once", "--ready-timeout", "-1",
+                         "--kubeconfig", str(tmp_path / "no-such-kubeconfig")])
+    assert simulate.run(args) == 2
