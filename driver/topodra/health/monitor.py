@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from topodra.devices import Device
-from topodra.health.policy import DEFAULT_HOLD_SECONDS, DeviceHealth, DeviceTaint, HealthPolicy, Observation
+from topodra.health.policy import (
+    DEFAULT_HOLD_SECONDS,
+    UNMONITORED_KEY,
+    DeviceHealth,
+    DeviceTaint,
+    Effect,
+    HealthPolicy,
+    Observation,
+    label_value,
+)
 from topodra.health.sources import mig_parents, nvlink_domains
 from topodra.inventory import Inventory
 
@@ -68,6 +77,8 @@ class HealthMonitor:
         self._next_poll = 0.0
         self._events_seen = 0  # observations the last wait_events returned
         self._polled = False  # the current source has polled at least once
+        # (since, why) while rounds fail: every device then carries UNMONITORED_KEY (effect None) until one works.
+        self._unmonitored: tuple[int, str] | None = None
         inventory.subscribe(self._devices_changed)
 
     # ----- wiring
@@ -101,7 +112,9 @@ class HealthMonitor:
                      {d: [t.text for t in ts] for d, ts in taints.items() if ts})
         with self._lock:
             known = {d.name for d in self._devices}
-        self.policy.adopt({d: ts for d, ts in taints.items() if d in known}, self._clock())
+        # ``unmonitored`` is this instance's own state, not an event to hold: it is set again if rounds fail.
+        self.policy.adopt({d: [t for t in ts if t.key != UNMONITORED_KEY] for d, ts in taints.items() if d in known},
+                          self._clock())
         self._apply([], self._clock())
 
     # ----- one round
@@ -114,8 +127,14 @@ class HealthMonitor:
         self.policy.set_domains(nvlink_domains(devices))
         self.policy.set_parents(mig_parents(devices))
         self.policy.forget(d.name for d in devices)
+        self._source = None
         source = self._factory(devices)
-        source.open()
+        try:
+            source.open()
+        except BaseException:
+            with self._lock:
+                self._devices_dirty = True  # the next round opens them again (the old source is closed)
+            raise
         self._source = source
         self._next_poll = 0.0
         self._polled = False
@@ -147,7 +166,13 @@ class HealthMonitor:
         self.policy.expire(now)
         with self._lock:
             names = [d.name for d in self._devices]
-        snap = HealthSnapshot(taints=self.policy.taints(), states=self.policy.states(names))
+        taints = self.policy.taints()
+        states = self.policy.states(names)
+        if self._unmonitored is not None:
+            since, why = self._unmonitored
+            mark = DeviceTaint(UNMONITORED_KEY, why, Effect.NONE, since)
+            taints = {n: (*taints.get(n, ()), mark)[-16:] for n in names}
+        snap = HealthSnapshot(taints=taints, states=states)
         with self._lock:
             if snap == self._snapshot:
                 return False
@@ -176,15 +201,39 @@ class HealthMonitor:
             self._source.close()
             self._source = None
 
+    @property
+    def unmonitored(self) -> bool:
+        """Whether the last round failed (every device then carries ``UNMONITORED_KEY``)."""
+        return self._unmonitored is not None
+
+    def round(self, wait: float) -> bool:
+        """One round as the thread runs it: ``step``, and when it raises (NVML cannot initialise, a source
+        fails), every device is marked unmonitored (taint effect None, so nothing is evicted or refused,
+        but the slices and metrics say that "healthy" is unknown), cleared by the next round that works.
+        True when the round worked."""
+        try:
+            self.step(wait)
+        except Exception as e:
+            if self._unmonitored is None:
+                log.error("health monitoring failed; every device is tainted %s until it works again: %s",
+                          UNMONITORED_KEY, e, exc_info=True)
+                self._unmonitored = (int(self._clock()), label_value(type(e).__name__) or "error")
+                self._apply([], self._clock())
+            else:
+                log.debug("health monitor round failed again: %s", e)
+            return False
+        if self._unmonitored is not None:
+            self._unmonitored = None
+            log.warning("health monitoring works again; %s cleared", UNMONITORED_KEY)
+            self._apply([], self._clock())
+        return True
+
     def _run(self) -> None:
         # Short waits: expiry and stop are checked at least this often, events still arrive at once.
         wait = min(self.poll_interval, 1.0)
         while not self._stop.is_set():
             started = time.monotonic()
-            try:
-                self.step(wait)
-            except Exception:
-                log.exception("health monitor round failed; retrying")
+            if not self.round(wait):
                 self._stop.wait(wait)
                 continue
             # A source whose wait returned early with nothing (NVML failing fast) must not make this loop spin.

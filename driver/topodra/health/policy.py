@@ -38,9 +38,13 @@ NVLINK_KEY = f"{GPU_DOMAIN}/nvlink-degraded"
 THROTTLE_KEY = f"{GPU_DOMAIN}/clock-throttled"
 RECOVERY_KEY = f"{GPU_DOMAIN}/recovery-action"
 NIC_DOWN_KEY = f"{NIC_DOMAIN}/link-down"
+# Effect None on every device while the monitor cannot read the hardware (NVML init failed, a source that
+# raises): "healthy" would be a guess. Set and cleared by health/monitor.py, never held: it is a state, not an event.
+UNMONITORED_KEY = f"{GPU_DOMAIN}/unmonitored"
 # ECC_KEY stays ours although ECC event types no longer taint: taints published by older versions are adopted
 # and expire instead of being left behind.
-OWN_KEYS = frozenset({XID_KEY, ECC_KEY, GPU_LOST_KEY, NVLINK_KEY, THROTTLE_KEY, RECOVERY_KEY, NIC_DOWN_KEY})
+OWN_KEYS = frozenset({XID_KEY, ECC_KEY, GPU_LOST_KEY, NVLINK_KEY, THROTTLE_KEY, RECOVERY_KEY, NIC_DOWN_KEY,
+                      UNMONITORED_KEY})
 DEFAULT_HOLD_SECONDS = 300.0
 MAX_TAINTS_PER_DEVICE = 16  # resource.k8s.io/v1 limit
 

@@ -159,6 +159,7 @@ class Plugin:
                                     hold_seconds=cfg.health_hold_seconds, poll_interval=cfg.health_poll_interval,
                                     no_execute=cfg.health_no_execute)
             monitor.subscribe(board.health_changed)
+            monitor.subscribe(metrics.health_changed)
             self.monitor = monitor
             try:  # a restart must not forget what the previous instance tainted
                 monitor.adopt(published_taints(kube.list(slices_path(), field_selector=(

@@ -10,9 +10,13 @@ process collector (RSS, CPU, open fds) that the memory budget is checked against
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from topodra.health.monitor import HealthSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,11 @@ HEALTH_STREAMS = Gauge(
     "topodra_plugin_health_streams",
     "Open NodeWatchResources streams (kubelet device-health watches).",
 )
+HEALTH_UNMONITORED = Gauge(
+    "topodra_plugin_health_unmonitored_devices",
+    "Devices whose health the plugin cannot read now (NVML or a health source failing): each carries the "
+    "gpu.topodra.io/unmonitored taint (effect None) until monitoring works again. Alert on > 0.",
+)
 NODE_LABELS_SYNCED = Gauge(
     "topodra_plugin_node_labels_synced",
     "1 when the last attempt to sync this Node's topodra.io/ labels succeeded, 0 after a failure or before "
@@ -85,6 +94,13 @@ def node_labels_result(ok: bool) -> None:
     NODE_LABELS_SYNCED.set(1 if ok else 0)
     if not ok:
         NODE_LABEL_FAILURES.inc()
+
+
+def health_changed(snapshot: HealthSnapshot) -> None:
+    """HealthMonitor subscriber: how many devices carry the unmonitored taint."""
+    from topodra.health.policy import UNMONITORED_KEY
+
+    HEALTH_UNMONITORED.set(sum(1 for ts in snapshot.taints.values() if any(t.key == UNMONITORED_KEY for t in ts)))
 
 
 class MetricsObserver:

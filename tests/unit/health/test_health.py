@@ -8,6 +8,7 @@ injected the way the e2e tests do it: the JSON faults file and writes into the s
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import tempfile
@@ -470,4 +471,75 @@ def test_restart_carries_published_taints_for_one_hold_time() -> None:
     assert mon.taints() == {"gpu-0": (xid,)}
     clock.t += 1
     mon.step()
+    assert mon.taints() == {}
+
+
+def test_a_monitor_that_cannot_read_the_hardware_says_so_and_clears_when_it_can(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """NVML init failing (or any source raising) taints every device unmonitored, effect None, with a metric;
+    the next round that works clears it (issue 31: the devices stayed "healthy" with one log line)."""
+    from topodra.health.policy import UNMONITORED_KEY
+    from topodra.plugin import metrics
+
+    devices = [Device(name="gpu-0", kind="gpu"), Device(name="gpu-1", kind="gpu"), Device(name="nic-0", kind="nic")]
+    inv = Inventory(devices)
+    broken = [True]
+    opened: list[int] = []
+
+    class NvmlLike:
+        def open(self) -> None:
+            if broken[0]:
+                raise RuntimeError("NVML_ERROR_LIBRARY_NOT_FOUND")
+            opened.append(1)
+        def close(self) -> None: ...
+        def wait_events(self, timeout: float) -> list[Observation]:
+            return []
+        def poll(self) -> list[Observation]:
+            return []
+
+    clock = Clock()
+    mon = HealthMonitor(inv, lambda devs: NvmlLike(), hold_seconds=60, poll_interval=1, clock=clock)
+    seen: list[HealthSnapshot] = []
+    mon.subscribe(seen.append)
+    mon.subscribe(metrics.health_changed)
+    with caplog.at_level(logging.ERROR, logger="topodra.health.monitor"):
+        assert not mon.round(0)
+    assert mon.unmonitored
+    assert {d: [t.text for t in ts] for d, ts in mon.taints().items()} == {
+        n: [f"{UNMONITORED_KEY}=RuntimeError:None"] for n in ("gpu-0", "gpu-1", "nic-0")}
+    assert metrics.HEALTH_UNMONITORED._value.get() == 3
+    assert not any(s.unhealthy for s in mon.snapshot.states.values())  # nothing is known to be wrong
+    sl = build_slices(DRIVER, NODE, None, devices, 1, mon.taints())
+    assert sl[0]["spec"]["devices"][0]["taints"] == [{"key": UNMONITORED_KEY, "value": "RuntimeError",
+                                                      "effect": "None", "timeAdded": "1970-01-01T00:16:40Z"}]
+    assert sum("health monitoring failed" in r.getMessage() for r in caplog.records) == 1
+    clock.t += 5
+    assert not mon.round(0)  # still failing: the same taint (since kept), no new notification
+    assert len(seen) == 2 and mon.taints()["gpu-0"][0].time_added == 1000
+    broken[0] = False
+    clock.t += 5
+    assert mon.round(0)
+    assert opened == [1] and not mon.unmonitored
+    assert mon.taints() == {} and metrics.HEALTH_UNMONITORED._value.get() == 0
+    mon.stop()
+
+
+def test_a_restart_does_not_carry_over_an_unmonitored_taint() -> None:
+    """It is the running instance's state: one that can read the hardware starts without it."""
+    from topodra.health.policy import UNMONITORED_KEY
+
+    devices = [Device(name="gpu-0", kind="gpu")]
+    mark = DeviceTaint(UNMONITORED_KEY, "RuntimeError", Effect.NONE, 1_700_000_000)
+    assert DeviceTaint.from_api(mark.to_api()) == mark  # ours: read back from the slices
+
+    class Quiet:
+        def open(self) -> None: ...
+        def close(self) -> None: ...
+        def wait_events(self, timeout: float) -> list[Observation]:
+            return []
+        def poll(self) -> list[Observation]:
+            return []
+
+    mon = HealthMonitor(Inventory(devices), lambda devs: Quiet(), hold_seconds=60, poll_interval=1, clock=Clock())
+    mon.adopt({"gpu-0": [mark]})
     assert mon.taints() == {}
