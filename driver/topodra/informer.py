@@ -86,8 +86,12 @@ class Informer:
 
     def __init__(self, kube: Kube, sources: Iterable[Source], replace: Replace, apply: Apply,
                  watch_timeout: int = 300, after_relist: Callable[[str], None] | None = None,
-                 optional_retry: float = OPTIONAL_RETRY) -> None:
+                 optional_retry: float = OPTIONAL_RETRY, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
+        self.clock = clock
+        # kind -> when its list/watch started failing (clock()); gone at its next successful list. A watch that
+        # ends quietly is no failure: a kind with no changes for an hour is as fresh as one with many.
+        self._failing: dict[str, float] = {}
         self.lock = threading.Lock()
         self.watch_timeout = watch_timeout
         self.optional_retry = optional_retry
@@ -137,6 +141,12 @@ class Informer:
         events = [self._synced[k] for k in (self._synced if kinds is None else kinds)]
         return all(e.wait(max(0.0, deadline - time.monotonic())) for e in events)
 
+    def stale(self, max_age: float) -> dict[str, float]:
+        """Kind -> seconds its list/watch has been failing, for the kinds failing longer than ``max_age``: the view
+        of those kinds may be that old (or older: the last event seen before the failure)."""
+        now = self.clock()
+        return {k: now - t for k, t in sorted(self._failing.items()) if now - t > max_age}
+
     def close(self) -> None:
         self.stop.set()
 
@@ -155,6 +165,7 @@ class Informer:
                 if self._after_relist:
                     self._after_relist(src.kind)
                 self.errors.pop(src.kind, None)
+                self._failing.pop(src.kind, None)
                 self._synced[src.kind].set()
                 log.info("listed %d %s at resourceVersion %s", len(items), src.kind, version)
                 while not self.stop.is_set():
@@ -185,6 +196,7 @@ class Informer:
                 if e.status == 410:
                     log.info("%s: resourceVersion expired (410 Gone); relisting", src.kind)
                     continue
+                self._failing.setdefault(src.kind, self.clock())
                 log.warning("%s: list/watch failed (%s); retrying in %.0fs", src.kind, e, backoff)
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)

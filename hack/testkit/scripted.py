@@ -30,6 +30,8 @@ class ScriptedKube(Kube):
     def list_snapshot(self, path: str, field_selector: str | None = None) -> tuple[tuple[Obj, ...], str]:
         self.calls.append(("list", path))
         step = self._next(path)
+        if step[0] == "fail":  # ("fail", status): the API server answers an error
+            raise KubeError(step[1], "Failed", f"scripted failure {step[1]}")
         assert step[0] == "list", (path, step)
         return tuple(step[1]), step[2]
 

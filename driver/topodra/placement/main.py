@@ -44,6 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how many claims the prior counts as when mixed with observed claims (default 20)")
     p.add_argument("--window", type=int, default=200,
                    help="learn the request mix from this many most recent claims (default 200; 0: prior only)")
+    p.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
+                   help="/healthz and /readyz fail once a watched kind's list/watch has failed for this long "
+                        "(default 60)")
     p.add_argument("--host-resources", choices=["on", "off"], default="on",
                    help="count nodes' free CPU and memory: GPUs a job class cannot use for lack of them are "
                         "fragments, and a node without room for the pod scores 0 (default on)")
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         prior = parse_prior(args.prior)
         if args.window < 0 or args.prior_weight < 0:
             raise ValueError("--window and --prior-weight must be >= 0")
+        if args.stale_after <= 0:
+            raise ValueError(f"--stale-after must be > 0, got {args.stale_after}")
         kube = Kube.from_kubeconfig(args.kubeconfig)
     except (ValueError, KubeError) as e:
         log.error("%s", e)
@@ -66,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
             placement.warm(kind)
 
     cache = Cache(kube, ClusterState(args.driver, window=args.window), on_relist=relisted)
-    placement = Placement(cache, prior, args.prior_weight, host_aware=args.host_resources == "on")
+    placement = Placement(cache, prior, args.prior_weight, host_aware=args.host_resources == "on",
+                          stale_after=args.stale_after)
     try:
         server = Server(placement, host, port)
     except OSError as e:

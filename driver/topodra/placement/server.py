@@ -77,14 +77,22 @@ class _CacheCollector(Collector):
         yield GaugeMetricFamily("topodra_placement_cache_synced",
                                 "1 once every kind has been listed at least once.",
                                 value=1.0 if self.cache.synced() else 0.0)
+        failing = GaugeMetricFamily("topodra_placement_cache_failing_seconds",
+                                    "Seconds a kind's list/watch has been failing (absent: working).",
+                                    labels=["kind"])
+        for kind, age in self.cache.stale(-1.0).items():
+            failing.add_metric([kind], age)
+        yield failing
 
 
 class Placement:
     """Scores pods against the cache; owns the scorer's memo and the metrics."""
 
     def __init__(self, cache: Cache, prior: Mapping[int, float], prior_weight: float,
-                 registry: CollectorRegistry | None = None, host_aware: bool = True, by_state: bool = True) -> None:
+                 registry: CollectorRegistry | None = None, host_aware: bool = True, by_state: bool = True,
+                 stale_after: float = 60.0) -> None:
         self.cache = cache
+        self.stale_after = stale_after  # /healthz fails once a watched kind has been failing this long
         self.host_aware = host_aware  # count nodes' free CPU and memory (fleet.hostfrag)
         self.prior = dict(prior)
         self.prior_weight = prior_weight
@@ -111,6 +119,13 @@ class Placement:
         self.candidates = Gauge("topodra_placement_last_candidates", "Candidate nodes in the last call.",
                                 registry=self.registry)
         self.registry.register(_CacheCollector(cache))
+
+    def health(self, ready: bool = False) -> tuple[int, str]:
+        """(HTTP status, text) of ``/healthz`` (``ready``: ``/readyz``). Both fail while a watched kind's list or
+        watch has been failing for over ``stale_after`` seconds: scores from a view that old would steer pods by
+        a cluster that is gone, and the scheduler ignores an extender that errors. ``/readyz`` also waits for
+        the first list of every kind."""
+        return _health(self, ready)
 
     def warm(self, _kind: str = "") -> None:
         """After a relist (the cache's ``on_relist``, in its watch thread): every node's state now, not in the
@@ -187,11 +202,9 @@ def make_handler(placement: Placement) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._send(200, b"ok\n", "text/plain")
-            elif self.path == "/readyz":
-                ok = placement.cache.synced()
-                self._send(200 if ok else 503, b"ok\n" if ok else b"cache not synced\n", "text/plain")
+            if self.path in ("/healthz", "/readyz"):
+                code, text = placement.health(ready=self.path == "/readyz")
+                self._send(code, text.encode(), "text/plain")
             elif self.path == "/metrics":
                 self._send(200, generate_latest(placement.registry), "text/plain; version=0.0.4")
             else:
@@ -228,6 +241,17 @@ def make_handler(placement: Placement) -> type[BaseHTTPRequestHandler]:
             self._send(200, reply)
 
     return Handler
+
+
+def _health(placement: Placement, ready: bool) -> tuple[int, str]:
+    stale = placement.cache.stale(placement.stale_after)
+    if stale:
+        why = "; ".join(f"{kind} failing for {age:.0f}s ({placement.cache.errors.get(kind, 'no error kept')})"
+                        for kind, age in stale.items())
+        return 503, f"cache stale: {why}\n"
+    if ready and not placement.cache.synced():
+        return 503, "cache not synced\n"
+    return 200, "ok\n"
 
 
 class Server:

@@ -161,3 +161,41 @@ def test_warm_builds_every_node_state_before_the_first_call() -> None:
     assert set(states.of) == {"a", "b", "c"} and states.of["b"] != states.of["a"]
     # the first call finds them current: nothing left to refresh
     assert st.changed_since(states._mark) == []
+
+
+def test_healthz_fails_while_a_watched_kind_has_been_failing_too_long() -> None:
+    """The scorer's /healthz says how fresh its cache is (issue 31: it answered 200 whatever the cache's state):
+    a kind whose list fails for longer than ``stale_after`` fails /healthz and /readyz, naming the kind and the
+    error, until a list works again."""
+    now = [100.0]
+    base: dict[str, list[Any]] = {p: [("list", [], "5")] for p in (
+        "/apis/resource.k8s.io/v1/deviceclasses", "/api/v1/nodes", "/api/v1/pods",
+        "/apis/resource.k8s.io/v1/resourceclaimtemplates", "/apis/resource.k8s.io/v1/devicetaintrules",
+        "/apis/scheduling.k8s.io/v1beta1/podgroups", "/apis/resource.k8s.io/v1/resourceclaims")}
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+    kube = ScriptedKube({**base, slices: [("list", [], "5"), ("gone",), ("fail", 503), ("list", [], "9")]})
+    cache = Cache(kube, ClusterState("gpu.topodra.io"))
+    cache.clock = lambda: now[0]
+    placement = Placement(cache, DEFAULT_PRIOR, 20, stale_after=30)
+    tick = threading.Event()
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        for _ in range(400):  # the 410 relists, and that list fails: a positive signal before any assert
+            if "slices" in cache.errors:
+                break
+            tick.wait(0.025)
+        assert "scripted failure 503" in cache.errors["slices"]
+        assert placement.health() == (200, "ok\n")  # failing, but not for long yet
+        now[0] += 31
+        code, text = placement.health()
+        assert code == 503 and text.startswith("cache stale: slices failing for 31s (") and "503" in text
+        assert placement.health(ready=True)[0] == 503
+        for _ in range(400):  # the retry after the backoff lists again
+            if ("list", slices) in kube.calls[-3:] and "slices" not in cache.errors:
+                break
+            tick.wait(0.025)
+        assert placement.health() == (200, "ok\n") and placement.health(ready=True) == (200, "ok\n")
+    finally:
+        cache.close()
+        kube.idle.set()
