@@ -135,5 +135,14 @@ def test_device_plugin_resource_on_a_node_wins_over_dra(scenarios: Callable[...,
                        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
         wait_for(lambda: not list(s.kube.list(claim_path(s.ns))), 60, f"the claim of {name} gone with it")
     assert not [c for c in s.kube.list(claim_path(s.ns))], "no DRA claim for a device-plugin node"
+    # From the first pod served from allocatable on, the scheduler's view has the node's allocatable: every
+    # later pod must be served the same way (a scheduler that does so only some of the time fails here).
+    for k in range(3):
+        name = f"dp-confirm-{k}"
+        s.create(ext_pod(name, {GPU: 1}, [node]))
+        wait_for(lambda n=name: s.get_pod(n)["spec"].get("nodeName") == node,  # type: ignore[misc]
+                 60, f"pod {name} bound to the device-plugin node")
+        assert not (s.get_pod(name).get("status") or {}).get("extendedResourceClaimStatus"), name
+    assert not [c for c in s.kube.list(claim_path(s.ns))], "no DRA claim for a device-plugin node"
     # ...while a claim on the same node still gets DRA devices: both pools hand out the same GPUs.
     s.hold_first_gpu(node, "claim-pod")

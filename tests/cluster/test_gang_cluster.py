@@ -138,6 +138,35 @@ def group_condition(sc: Scenario, name: str) -> Obj | None:
                  if c.get("type") == "PodGroupInitiallyScheduled"), None)
 
 
+@contextlib.contextmanager
+def bindings(sc: Scenario, since: str) -> Iterator[dict[str, int]]:
+    """Pod name -> resourceVersion of the event in which it was first seen bound, for the namespace's pods,
+    watched from ``since`` until the block ends (the watch thread then stops within its 5 s timeout)."""
+    import threading
+
+    seen: dict[str, int] = {}
+    stop = threading.Event()
+
+    def run() -> None:
+        rv = since
+        while not stop.is_set():
+            for event in sc.kube.watch(f"/api/v1/namespaces/{sc.ns}/pods", rv, timeout_seconds=5):
+                obj = event.get("object") or {}
+                rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
+                name = obj.get("metadata", {}).get("name")
+                if event.get("type") != "BOOKMARK" and (obj.get("spec") or {}).get("nodeName") and name not in seen:
+                    seen[name] = int(rv)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        t.join(15)
+    seen.pop("blocker", None)
+
+
 def test_four_pods_bind_all_or_none(gang_cluster: ClusterHandle) -> None:
     sc = Scenario(gang_cluster, [("h100", "dgx-h100", 4)], prefix="gang",
                   labels=labels(h100=("l1", "su1")))
@@ -156,6 +185,7 @@ def test_four_pods_bind_all_or_none(gang_cluster: ClusterHandle) -> None:
             assert "at most 3 of 4" in g["message"], g
             pods = job_pods(sc, JOB, sc.nodes("h100"))
             # The scheduler's verdict on the whole group (a positive signal that it evaluated the gang):
+            _items, verdict_rv = sc.kube.list_snapshot(f"/api/v1/namespaces/{sc.ns}/pods")
             cond = wait_for(lambda: (c := group_condition(sc, JOB)) and c.get("status") == "False" and c,
                             90, "kube-scheduler to mark the PodGroup Unschedulable")
             assert cond["reason"] == "Unschedulable", cond
@@ -163,9 +193,17 @@ def test_four_pods_bind_all_or_none(gang_cluster: ClusterHandle) -> None:
             for pod in pods:
                 assert not sc.get_pod(pod)["spec"].get("nodeName"), pod
                 claim = sc.claim_of(pod)
-                assert not ((claim or {}).get("status") or {}).get("allocation"), (pod, claim)
-            sc.release("blocker")
-            got = placed(sc, pods)
+                assert claim is not None, f"{pod}: the claim controller made no claim (nothing to be unallocated)"
+                assert not (claim.get("status") or {}).get("allocation"), (pod, claim)
+            # And they stay unbound until the blocker goes: every binding the watch sees from before the verdict
+            # on comes after the release (resourceVersions of one etcd are ordered).
+            with bindings(sc, since=verdict_rv) as bound:
+                _items, release_rv = sc.kube.list_snapshot(f"/api/v1/namespaces/{sc.ns}/pods")
+                sc.release("blocker")
+                got = placed(sc, pods)
+            assert sorted(bound) == sorted(pods), bound
+            early = {pod: rv for pod, rv in bound.items() if rv <= int(release_rv)}
+            assert not early, f"gang pods bound before the blocker was released: {early} (release at {release_rv})"
             assert sorted(n for n, _d in got) == sorted(sc.nodes("h100"))
             for _node, devs in got:
                 assert len(devs) == 8 and len({d["nvlinkDomain"] for d in devs}) == 1

@@ -268,22 +268,34 @@ def test_second_start_is_refused_and_leaves_kueue_running(kueue: ClusterHandle) 
 
 
 def test_kueue_leaves_other_tests_jobs_alone(kueue: ClusterHandle) -> None:
-    """Other tests' Jobs (no queue label, namespace not opted in) are neither suspended nor queued."""
+    """Other tests' Jobs (no queue label, namespace not opted in) are neither suspended nor queued.
+
+    The positive signal before "no Workload": a Job created after it in an opted-in namespace, with a queue
+    label, gets its Workload, so Kueue's Job controller has handled the Job events up to and past ours."""
     ns = kueue.namespace("kq-off")
+    opted = kueue.namespace("kq-on")
     try:
+        kueue.kube.merge_patch(namespace_path(opted), {"metadata": {"labels": {
+            localkueue.NAMESPACE_LABEL[0]: localkueue.NAMESPACE_LABEL[1]}}})
+        spec = {"template": {"spec": {
+            "restartPolicy": "Never", "nodeSelector": {"topodra.io/no-such-node": "x"},  # stays unbound
+            "containers": [{"name": "c", "image": "localhost/busybox:1.35", "command": ["true"]}]}}}
         job = kueue.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
-            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
-            "spec": {"template": {"spec": {
-                "restartPolicy": "Never", "nodeSelector": {"topodra.io/no-such-node": "x"},  # stays unbound
-                "containers": [{"name": "c", "image": "localhost/busybox:1.35", "command": ["true"]}]}}}})
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}, "spec": spec})
         assert not job["spec"].get("suspend"), "Kueue's webhook suspended a Job outside its namespaces"
         wait_for(lambda: list(kueue.kube.list(pod_path(ns), label_selector="job-name=j")), 30, "the Job's pod created")
-        threading.Event().wait(3)
+        later = kueue.kube.create(f"/apis/batch/v1/namespaces/{opted}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "queued", "labels": {"kueue.x-k8s.io/queue-name": "no-such-queue"}}, "spec": spec})
+        assert later["spec"].get("suspend"), "Kueue's webhook suspends a queued Job in an opted-in namespace"
+        wait_for(lambda: list(kueue.kube.list(f"{KUEUE}/namespaces/{opted}/workloads")), 60,
+                 "Kueue to make the later, queued Job's Workload")
         assert not list(kueue.kube.list(f"{KUEUE}/namespaces/{ns}/workloads")), "Kueue made a Workload for it"
         got = kueue.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/j") or {}
         assert not got["spec"].get("suspend")
     finally:
         kueue.kube.delete(namespace_path(ns))
+        kueue.kube.delete(namespace_path(opted))
 
 
 def test_two_teams_fall_back_h200_to_h100_and_borrow(teams: Callable[..., Teams]) -> None:

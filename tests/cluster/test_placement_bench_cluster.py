@@ -1,8 +1,9 @@
 """bench/placement: the pure parts (workloads, objects, clock, metrics) and a smoke replay on the real cluster.
 
-The smoke replay runs policies (b) and (c) of a short synthetic stream through the real
+The smoke replay runs policies (c) and (a) of a short synthetic stream through the real
 kube-scheduler on 12 simulated DGX nodes and checks what the benchmark reports: every job placed or
-accounted for, no GPU of a type the job did not list, metrics within their ranges.
+accounted for, no GPU of a type the job did not list, metrics within their ranges. The gang policies
+(e) and (f) need the Workload API's gates and the fabric labels: not replayed here.
 
 Split by tier; the rest: tests/unit/bench/test_placement_bench.py.
 """

@@ -5,6 +5,7 @@ Split by tier; the rest: tests/unit/slices/test_slices.py.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 
 import pytest
@@ -86,6 +87,31 @@ def test_restarted_publisher_adopts_generation(cluster: ClusterHandle) -> None:
 
 @pytest.mark.cluster
 def test_apiserver_rejects_nothing_we_publish_and_errors_are_clear(cluster: ClusterHandle) -> None:
+    """Every mock profile's devices (MIG counter sets, NICs, shared GPUs), with a taint of every effect, are
+    accepted by the real apiserver and stored as built; a node that does not exist is a clear error."""
+    from topodra.hardware import mockprofile
+    from topodra.simulate import SimNode, discover
+
+    profiles = sorted(mockprofile.profile_names())
+    assert len(profiles) >= 8, profiles
+    nodes = [f"every-{i}" for i in range(len(profiles))]
+    cluster.fake_nodes(nodes)
+    added = int(datetime(2026, 12, 3, 8, 0, 5, tzinfo=UTC).timestamp())
+    effects = [Effect.NONE, Effect.NO_SCHEDULE, Effect.NO_EXECUTE]
+    for node, profile in zip(nodes, profiles, strict=True):
+        devices = discover(SimNode(name=node, profile=profile, labels={}, overrides={}))
+        taints = {d.name: (DeviceTaint("gpu.topodra.io/xid", "79", effects[i % 3], added),)
+                  for i, d in enumerate(devices[:3])}
+        pub = SlicePublisher(cluster.kube, DRIVER, node, Inventory(devices), taints=functools.partial(dict, taints),
+                             min_write_interval=0, watch=False)
+        assert pub.reconcile_once(), profile
+        stored = _pool(cluster, node)
+        uid = stored[0]["metadata"]["ownerReferences"][0]["uid"]
+        want = build_slices(DRIVER, node, uid, devices, pub.generation, taints)
+        assert len(stored) == len(want), profile
+        by_name = {s["metadata"]["name"]: s for s in stored}
+        for w in want:
+            assert same_content(by_name[w["metadata"]["name"]], w), (profile, w["metadata"]["name"])
     p = SlicePublisher(cluster.kube, DRIVER, "no-such-node", Inventory(gpus(1)))
     with pytest.raises(KubeError, match="does not exist"):
         p.reconcile_once()
