@@ -78,11 +78,14 @@ class _Manager:
         line = stop_demo_cluster()
         if line is None:
             return
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter") if self.config else None
-        if reporter is not None:
-            reporter.write_line(f"\n[topodra] {line}")
-        else:
+        plugins = self.config.pluginmanager if self.config else None
+        reporter = plugins.get_plugin("terminalreporter") if plugins else None
+        capture = plugins.get_plugin("capturemanager") if plugins else None
+        if reporter is None or capture is None:
             print(f"[topodra] {line}", file=sys.stderr)
+            return
+        with capture.global_and_fixture_disabled():  # fixtures run with stdout captured at the fd level
+            reporter.write_line(f"\n[topodra] {line}")
 
     def _stop_cluster(self) -> None:
         if self.lc is not None and self.owned:
