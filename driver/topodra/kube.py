@@ -434,9 +434,12 @@ class Kube:
     def merge_patch(self, path: str, patch: Obj) -> Obj:
         return self.request("PATCH", path, patch, content_type="application/merge-patch+json")
 
-    def delete(self, path: str, missing_ok: bool = True) -> None:
+    def delete(self, path: str, missing_ok: bool = True, uid: str | None = None) -> None:
+        """DELETE ``path``; ``uid``: only the object with that UID (``preconditions.uid``): one re-created under
+        the same name since it was read is left alone, and the API server answers 409 Conflict."""
+        body = None if uid is None else {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         try:
-            self.request("DELETE", path)
+            self.request("DELETE", path, body)
         except KubeError as e:
             if not (missing_ok and e.not_found):
                 raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable
 
+from topodra.kube import KubeError
 from topodra.sharing.mpspod import APP_LABEL, CLAIM_LABEL, NODE_LABEL, Obj, PodApi, node_label, pod_name, pods_path
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,19 @@ def sweep(api: PodApi, namespace: str, node: str,
         return [], {"": f"cannot list the MPS daemon pods of node {node} in {namespace}: {e}"}
     deleted: list[str] = []
     errors: dict[str, str] = {}
+    pod_uids = {(p.get("metadata") or {}).get("name"): (p.get("metadata") or {}).get("uid") for p in pods}
     for uid, name in strays(pods, node, keep):
         try:
-            api.delete(pods_path(namespace, name))
+            # Only the pod that was listed: a claim unprepared and prepared again (same claim UID, so the same
+            # pod name) between the list and the checkpoint read has a new daemon pod, which is not stray.
+            api.delete(pods_path(namespace, name), uid=pod_uids.get(name) or None)
+        except KubeError as e:
+            if e.conflict:
+                log.info("claim %s: MPS daemon pod %s/%s was re-created since the sweep listed it; kept", uid,
+                         namespace, name)
+                continue
+            errors[uid] = f"cannot delete stray MPS daemon pod {namespace}/{name}: {e}"
+            continue
         except Exception as e:
             errors[uid] = f"cannot delete stray MPS daemon pod {namespace}/{name}: {e}"
             continue

@@ -32,7 +32,7 @@ class _NoApi:
     def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
         raise AssertionError(f"POST {path}")
 
-    def delete(self, path: str, missing_ok: bool = True) -> None:
+    def delete(self, path: str, missing_ok: bool = True, uid: str | None = None) -> None:
         raise AssertionError(f"DELETE {path}")
 
     def list(self, path: str, label_selector: str | None = None,

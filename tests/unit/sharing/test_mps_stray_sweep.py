@@ -28,6 +28,7 @@ from topodra import effects
 from topodra.hardware import mockmps
 from topodra.hardware.mock import FakeNvml
 from topodra.inventory import Inventory
+from topodra.kube import KubeError
 from topodra.sharing import mpspod, mpsshm, mpssweep
 from topodra.sharing.config import Mps, Sharing
 from topodra.sharing.instances import MigInstances
@@ -76,11 +77,13 @@ class FakeApi:
         self.pods[mpspod.pods_path(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
         return pod
 
-    def delete(self, path: str, missing_ok: bool = True) -> None:
+    def delete(self, path: str, missing_ok: bool = True, uid: str | None = None) -> None:
         self.calls.append(f"DELETE {path}")
         if path in self.fail_delete:
             self.fail_delete.discard(path)
             raise RuntimeError(f"injected: DELETE {path} failed")
+        if uid is not None and path in self.pods and self.pods[path]["metadata"]["uid"] != uid:
+            raise KubeError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
         self.pods.pop(path, None)
         proc = self.procs.pop(path, None)
         if proc is not None:
@@ -178,6 +181,25 @@ def test_the_pods_are_listed_before_the_checkpoint_is_read(api: FakeApi) -> None
     assert (deleted, errors) == (["gone"], {})
     assert order == [f"checkpoint read after LIST {mpspod.pods_path(NS)}"]
     assert listed_then_made in api.pods and mpspod.pods_path(NS, mpspod.pod_name("gone")) not in api.pods
+
+
+def test_a_pod_re_created_after_the_list_is_not_deleted(api: FakeApi, caplog: pytest.LogCaptureFixture) -> None:
+    """The claim is unprepared (its pod deleted) after the list and prepared again (same claim UID, so a new pod
+    of the same name) after the checkpoint read: the sweep deletes only the pod it listed, by UID (issue 31: it
+    deleted the new claim's daemon by name)."""
+    path = stray(api, "again")
+    listed_uid = api.pods[path]["metadata"]["uid"]
+
+    def recorded() -> set[str]:
+        old = api.pods.pop(path)  # unprepare: the daemon pod went
+        api.put(old)  # prepare again: a new pod, the same name, a new uid
+        return set()  # the checkpoint was read in between: the claim was not recorded then
+
+    with caplog.at_level(logging.INFO, logger="topodra.sharing.mpssweep"):
+        deleted, errors = mpssweep.sweep(api, NS, rig.NODE, recorded)
+    assert (deleted, errors) == ([], {})
+    assert path in api.pods and api.pods[path]["metadata"]["uid"] != listed_uid, "the new claim's pod is kept"
+    assert any("re-created since the sweep listed it" in r.getMessage() for r in caplog.records)
 
 
 def test_a_failing_list_or_delete_is_reported_and_changes_nothing_else(api: FakeApi) -> None:
