@@ -58,9 +58,12 @@ class Demand:
     constraints: tuple[Constraint, ...] = ()
     # Demands key every memo and the request mix: hash once, not recursively per lookup.
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    # Whether any alternative carries tolerations: asked on every scorer call, so worked out once.
+    _tolerant: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.requests, self.constraints)))
+        object.__setattr__(self, "_tolerant", any(a.tolerations for r in self.requests for a in r.alternatives))
 
     def __hash__(self) -> int:
         return self._hash
@@ -71,7 +74,7 @@ class Demand:
 
     @property
     def has_tolerations(self) -> bool:
-        return any(a.tolerations for r in self.requests for a in r.alternatives)
+        return self._tolerant
 
     def without_tolerations(self) -> Demand:
         """The same demand without its tolerations (how it enters the request mix: packing ignores them)."""
@@ -155,6 +158,9 @@ def parse_demand(spec: Obj) -> Demand:
 def pod_tolerance(demands: tuple[Demand, ...] | list[Demand]) -> Tolerance:
     """Per alternative of the pod's claims its tolerations (``fleet.taints.tolerated`` reads them); empty
     when none of them has any: the pod is an ordinary one, and the cheap check says so first."""
-    if not any(d.has_tolerations for d in demands):
+    for d in demands:
+        if d._tolerant:
+            break
+    else:
         return ()
     return tuple(a.tolerations for d in demands for r in d.requests for a in r.alternatives)

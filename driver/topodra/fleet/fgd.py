@@ -75,7 +75,9 @@ def make_mix(prior: Mapping[int, float], prior_weight: float, observed: Mapping[
             continue
         # Fragments are memoised per node shape (see selector_mask); tolerations do not change how a class packs
         # (the ordinary view of the node is what the mix's future claims meet).
-        demand = demand.without_selectors().without_tolerations()
+        demand = demand.without_selectors()
+        if demand.has_tolerations:
+            demand = demand.without_tolerations()
         weights[demand] = weights.get(demand, 0.0) + n
     total = sum(weights.values())
     if total <= 0:
