@@ -29,7 +29,9 @@ class Alternative:
     count: int  # devices; 0 means allocationMode All
     selectors: tuple[Selector, ...] = ()  # request-level CEL selectors the scorer evaluates (fleet.cel)
     ignored_selectors: int = 0  # request-level CEL selectors outside that subset: treated as matching
-    # The request's (or subrequest's) ``tolerations`` of device taints (fleet.taints), in the order written.
+    # The request's (or subrequest's) ``tolerations`` of device taints (fleet.taints), in the order written:
+    # ExactDeviceRequest.tolerations and DeviceSubRequest.tolerations (k8s.io/api@v0.37.2 resource/v1/types.go:1432,
+    # 1577).
     tolerations: tuple[Toleration, ...] = ()
 
 

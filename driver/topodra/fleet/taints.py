@@ -8,11 +8,11 @@ a pod whose requests carry tolerations sees the devices whose blocking taints th
 (``ClusterState.unavailable_for``). Other effects (e.g. ``None``, an informational taint) do not block.
 A DeviceTaintRule selects devices by ``deviceSelector`` driver, pool and device, each optional.
 
-The toleration rule is the scheduler's: ``resourceclaim.ToleratesTaint`` in
-``staging/src/k8s.io/dynamic-resource-allocation/resourceclaim/devicetoleration.go`` (v1.37), which the
-structured allocator applies per request and device (``allTaintsTolerated`` / ``taintTolerated`` in
-``staging/src/k8s.io/dynamic-resource-allocation/structured/internal/*/allocator.go``: every taint of the
-device must be tolerated by one of the request's tolerations):
+The toleration rule is the scheduler's, in ``k8s.io/dynamic-resource-allocation@v0.37.2`` (the staging copy of
+v1.37.2): ``resourceclaim.ToleratesTaint`` (``resourceclaim/devicetoleration.go:35-56``), which the structured
+allocator applies per request and device (``taintPreventsAllocation`` / ``taintTolerated``,
+``structured/internal/stable/allocator_stable.go:1281-1301``: every ``NoSchedule``/``NoExecute`` taint of the
+device must be tolerated by one of the request's tolerations; other effects, ``None`` included, are ignored):
 
 1. an empty toleration effect matches every effect, else the effects must be equal;
 2. an empty toleration key matches every key, else the keys must be equal;

@@ -13,6 +13,10 @@ touched every node several times (its view, its unavailable set, a ``HostFit``, 
 The floating-point operations are ``Scorer.cost``'s, in the same order, so the scores are identical
 (``tests/unit/placement/test_placement_bystate.py`` compares both on random states). Claims with CEL
 selectors (a per-node device mask) and gangs take ``Scorer.score`` itself.
+
+A pod with tolerations (issue 33) meets other unavailable devices on the few nodes carrying a taint it tolerates:
+those nodes are scored as the state with the pod's own set (``NodeStates.intern``), for this call only; entries are
+per state, so they are as valid for the next pod as any other.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ Every node that fits only with a worse rank gets 1, so packing never pulls a job
 its 2nd choice while its 1st is placeable elsewhere. 0 where the claims do not fit in
 our view: a low score, never a veto.  Results are memoised per (node shape, unavailable devices, ...),
 so 500 nodes in a few distinct states cost a few placements, not 500.
+
+Reservations (issue 33) enter twice: a pod's tolerations decide which devices are unavailable to it
+(``ClusterState.tolerated_unavailable``), and ``steered`` adds the steering term on top of the 0..10 scores
+(another job's hinted nodes ``STEER_PENALTY`` lower, the reserving job's own nodes first).
 """
 
 from __future__ import annotations
