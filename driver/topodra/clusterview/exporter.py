@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from topodra.clusterview.model import ALLOCATED, FREE, TAINTED, ClusterView
+from topodra.clusterview.model import ALLOCATED, FREE, RESERVED, TAINTED, ClusterView
 from topodra.kube import KubeError
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def families(view: ClusterView) -> list[GaugeMetricFamily]:
             fams["topodra_inventory_gpus"].add_metric(labels, sum(c.values()))
             fams["topodra_inventory_gpus_free"].add_metric(labels, c[FREE])
             fams["topodra_inventory_gpus_allocated"].add_metric(labels, c[ALLOCATED])
-            fams["topodra_inventory_gpus_tainted"].add_metric(labels, c[TAINTED])
+            fams["topodra_inventory_gpus_tainted"].add_metric(labels, c[TAINTED] + c[RESERVED])  # reservations too
         h = node.host
         if h is not None:
             fams["topodra_inventory_node_cpu_allocatable_cores"].add_metric([node.name], h.cpu_allocatable_milli / 1000)

@@ -3,9 +3,12 @@
 Every number ``topodra inventory`` prints, draws or exports comes from ``build_view``:
 
 * per node: each GPU and compute NIC with its state -- ``allocated`` (in some claim's
-  ``status.allocation``), else ``tainted`` (a NoSchedule/NoExecute taint in its slice or from
-  a DeviceTaintRule), else ``free`` -- and the free count per NVLink domain and per rail;
-* per GPU model: total/free/allocated/tainted, whole free NVLink domains, how many of the free
+  ``status.allocation``), else ``reserved`` (its only blocking taints are reservation holds, issue 33:
+  ``topodra.reservations``; the cell names the reserving profile), else ``tainted`` (a NoSchedule/NoExecute
+  taint in its slice or from a DeviceTaintRule), else ``free`` -- and the free count per NVLink domain and
+  per rail;
+* per GPU model: total/free/allocated/tainted (reserved ones included: no ordinary claim gets them) and
+  reserved, whole free NVLink domains, how many of the free
   GPUs sit on unschedulable nodes (cordoned, not Ready, NoSchedule/NoExecute node taint: free,
   yet no claim lands there now), and the largest claim placeable now on a schedulable node:
   any ``count`` GPUs, ``count`` GPUs on one NVLink domain, ``count`` rail-aligned GPUs (each with
@@ -37,13 +40,14 @@ from topodra.clusterview.hostcols import HostCols, host_columns
 from topodra.fleet.allocations import holders
 from topodra.fleet.nodes import why_unschedulable
 from topodra.fleet.pools import newest_slices
-from topodra.fleet.taints import blocking, device_taints, rule_taint, taint_text
+from topodra.fleet.taints import BLOCKING_EFFECTS, blocking, device_taints, rule_matches, rule_taint, taint_text
+from topodra.reservations import HOLD_EFFECT, PROFILE_NAME_LABEL, PROFILE_NS_LABEL, RESERVATION_TAINT_KEY
 
 Obj = dict[str, Any]
 MIG_PARENT_TYPE = "gpu-mig-parent"  # sharing.mig.MIG_PARENT_TYPE, not imported here: sharing.mig needs pydantic
 DEFAULT_PRIOR_WEIGHT = 20.0  # the placement scorer's --prior-weight default (fleet.fgd)
 DEFAULT_WINDOW = 200  # the placement scorer's --window default (fleet.fgd)
-FREE, ALLOCATED, TAINTED = "free", "allocated", "tainted"
+FREE, ALLOCATED, TAINTED, RESERVED = "free", "allocated", "tainted", "reserved"
 NO_POD = "no pod uses the claim yet (DRA allocates a claim when a pod using it is scheduled)"
 NOT_TRIED = "waiting for the scheduler (no scheduling attempt reported yet)"
 
@@ -70,13 +74,14 @@ class Cell:
     name: str
     pool: str
     kind: str  # gpu | nic
-    state: str  # free | allocated | tainted
+    state: str  # free | allocated | reserved | tainted
     model: str | None = None
     domain: str | None = None  # nvlinkDomain
     rail: int | None = None
     namespace: str | None = None  # of the claim holding it
     claim: str | None = None
     taints: tuple[str, ...] = ()  # "key=value:Effect", blocking or not
+    reservation: str | None = None  # reserved: the reserving profile, "namespace/name" (its uid without labels)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,11 @@ class NodeRow:
     def tainted_devices(self) -> tuple[str, ...]:
         return tuple(d.name for d in (*self.gpus, *self.nics) if d.state == TAINTED)
 
+    @property
+    def reserved_gpus(self) -> dict[str, int]:
+        """Reserved GPUs per reserving profile."""
+        return dict(Counter(str(g.reservation) for g in self.gpus if g.state == RESERVED))
+
 
 @dataclass(frozen=True)
 class Largest:
@@ -132,7 +142,7 @@ class ModelSummary:
     total: int
     free: int
     allocated: int
-    tainted: int
+    tainted: int  # blocked by a taint, reservations included
     largest: Largest
     nvlink_domains: int
     nvlink_domains_free: int  # every GPU of the domain free (multi-node domains: on every node)
@@ -140,6 +150,7 @@ class ModelSummary:
     fragmentation_ratio: float  # fragmentation / free (0 when nothing is free)
     unschedulable_nodes: int = 0  # of ``nodes``, those no pod can land on now
     free_unschedulable: int = 0  # of ``free``, the GPUs on those nodes (no claim can get them now)
+    reserved: int = 0  # of ``tainted``, those held by a reservation (issue 33)
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,10 @@ class ClusterView:
         return sum(m.tainted for m in self.models)
 
     @property
+    def reserved(self) -> int:
+        return sum(m.reserved for m in self.models)
+
+    @property
     def fragmentation(self) -> float:
         return sum(n.fragmentation for n in self.nodes)
 
@@ -217,13 +232,15 @@ class ClusterView:
         out["mix"] = [{"request_class": name, "probability": round(p, 4)} for name, p in self.mix]
         for row, node in zip(out["nodes"], self.nodes, strict=True):
             row.update(gpus_total=len(node.gpus), gpus_free=node.count(FREE), gpus_allocated=node.count(ALLOCATED),
-                       gpus_tainted=node.count(TAINTED), tainted_devices=list(node.tainted_devices),
+                       gpus_tainted=node.count(TAINTED) + node.count(RESERVED), gpus_reserved=node.count(RESERVED),
+                       reserved_by=node.reserved_gpus, tainted_devices=list(node.tainted_devices),
                        fragmentation=round(node.fragmentation, 4))
         for m in out["models"]:
             m["fragmentation"] = round(m["fragmentation"], 4)
             m["fragmentation_ratio"] = round(m["fragmentation_ratio"], 4)
         out["summary"] = {"total": self.total, "free": self.free, "allocated": self.allocated,
-                          "tainted": self.tainted, "free_unschedulable": self.free_unschedulable,
+                          "tainted": self.tainted, "reserved": self.reserved,
+                          "free_unschedulable": self.free_unschedulable,
                           "unschedulable_nodes": self.unschedulable_nodes,
                           "gpus_stranded_cpu": self.stranded_by_host[0],
                           "gpus_stranded_memory": self.stranded_by_host[1],
@@ -380,6 +397,23 @@ def _pairs_by_rail(gpus: Iterable[Cell], nics: Iterable[Cell]) -> int:
 # --------------------------------------------------------------------------- the builder
 
 
+def reservation_holder(taints: list[Obj], rules: list[Obj], driver: str, pool: str, device: str) -> str | None:
+    """The profile holding the device when every blocking taint on it is a reservation hold (issue 33):
+    ``namespace/name`` from the rule's labels, else the uid (the taint's value); None otherwise."""
+    held = [t for t in taints if t.get("effect") in BLOCKING_EFFECTS]
+    if not held or any(t.get("key") != RESERVATION_TAINT_KEY or t.get("effect") != HOLD_EFFECT for t in held):
+        return None
+    for r in rules:
+        t = rule_taint(r) or {}
+        if t.get("key") == RESERVATION_TAINT_KEY and t.get("effect") == HOLD_EFFECT and \
+                rule_matches(r, driver, pool, device):
+            labels = (r.get("metadata") or {}).get("labels") or {}
+            if labels.get(PROFILE_NS_LABEL) and labels.get(PROFILE_NAME_LABEL):
+                return f"{labels[PROFILE_NS_LABEL]}/{labels[PROFILE_NAME_LABEL]}"
+            return str(t.get("value") or "")
+    return str(held[0].get("value") or "")  # the slice's own taint: only its uid is known
+
+
 def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                prior: Mapping[int, float] | None = None, prior_weight: float = DEFAULT_PRIOR_WEIGHT,
                window: int = DEFAULT_WINDOW, nodes: Iterable[str] | None = None) -> ClusterView:
@@ -449,6 +483,9 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
             taints = device_taints(dev, rules, driver, pool) if rules or dev.get("taints") else []
             holder = held.get(d.key)
             st = ALLOCATED if holder else TAINTED if taints and blocking(taints) else FREE
+            reserved_by = reservation_holder(taints, rules, driver, pool, name) if st == TAINTED else None
+            if reserved_by is not None:
+                st = RESERVED
             v = attrs.get(rail_q) or attrs.get(rail_s)
             rail = next(iter(v.values())) if isinstance(v, dict) and v else None
             v = attrs.get(dom_q) or attrs.get(dom_s)
@@ -459,7 +496,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                 name, pool, kind, st, str(model) if model is not None else None,
                 str(domain) if domain is not None else None, int(rail) if isinstance(rail, int) else None,
                 holder[0] if holder else None, holder[1] if holder else None,
-                tuple(taint_text(t) for t in taints) if taints else ())
+                tuple(taint_text(t) for t in taints) if taints else (), reserved_by)
         gpus = sorted((c for c in cells.values() if c.kind == "gpu"),
                       key=lambda c: (c.domain or "~", natural_key(c.name)))
         nics = sorted((c for c in cells.values() if c.kind == "nic"),
@@ -499,7 +536,7 @@ class _ModelSums:
     """One GPU model's running sums over the rows (``summarize_models``)."""
 
     def __init__(self) -> None:
-        self.nodes = self.total = self.free = self.allocated = self.tainted = 0
+        self.nodes = self.total = self.free = self.allocated = self.tainted = self.reserved = 0
         self.unschedulable_nodes = self.free_unschedulable = 0
         self.frag = 0.0
         self.best = [0, 0, 0]
@@ -525,7 +562,9 @@ def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
             free_gpus = [g for g in gs if g.state == FREE]
             m.free += len(free_gpus)
             m.allocated += sum(1 for g in gs if g.state == ALLOCATED)
-            m.tainted += sum(1 for g in gs if g.state == TAINTED)
+            reserved = sum(1 for g in gs if g.state == RESERVED)
+            m.tainted += sum(1 for g in gs if g.state == TAINTED) + reserved
+            m.reserved += reserved
             if r.model == model:
                 m.frag += r.fragmentation
             for g in gs:
@@ -549,5 +588,6 @@ def summarize_models(rows: Iterable[NodeRow]) -> list[ModelSummary]:
                                 tainted=m.tainted, largest=Largest(*m.best), nvlink_domains=len(m.domains),
                                 nvlink_domains_free=sum(1 for f in m.domains.values() if f),
                                 fragmentation=m.frag, fragmentation_ratio=m.frag / m.free if m.free else 0.0,
-                                unschedulable_nodes=m.unschedulable_nodes, free_unschedulable=m.free_unschedulable))
+                                unschedulable_nodes=m.unschedulable_nodes, free_unschedulable=m.free_unschedulable,
+                                reserved=m.reserved))
     return out

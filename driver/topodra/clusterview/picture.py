@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from topodra.clusterview.hostcols import HostCols, cpu_text, memory_text
-from topodra.clusterview.model import ALLOCATED, FREE, TAINTED, Cell, ClusterView, NodeRow, domain_label
+from topodra.clusterview.model import ALLOCATED, FREE, RESERVED, TAINTED, Cell, ClusterView, NodeRow, domain_label
 from topodra.clusterview.table import summary_line, unschedulable_text
 
 FREE_COLOUR = "#b7e4c7"
@@ -76,7 +76,7 @@ def namespace_colours(view: ClusterView) -> dict[str, str]:
 def cell_colour(cell: Cell, ns_colours: dict[str, str]) -> str:
     if cell.state == FREE:
         return FREE_COLOUR
-    if cell.state == TAINTED:
+    if cell.state == TAINTED or cell.state == RESERVED:  # a reservation is drawn as the taint it is
         return TAINTED_COLOUR
     return ns_colours.get(str(cell.namespace), OTHER_COLOUR)
 

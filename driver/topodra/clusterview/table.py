@@ -37,9 +37,16 @@ def node_table(view: ClusterView) -> list[str]:
         h = n.host
         rows.append([n.name + ("" if n.schedulable else " (unschedulable)"), n.model or "-",
                      f"{n.count(FREE)}/{len(n.gpus)}", domains, rails_text(n.rails),
-                     ",".join(n.tainted_devices) or "-",
+                     tainted_text(n),
                      *(([cpu_text(h), memory_text(h), stranded_text(h)] if h else ["-", "-", "-"]) if host else [])])
     return _grid(rows)
+
+
+def tainted_text(n: NodeRow) -> str:
+    """The node's tainted devices, then its reserved GPUs per profile (``reserved ns/big: 8``)."""
+    parts = [",".join(n.tainted_devices)] if n.tainted_devices else []
+    parts += [f"reserved {who}: {k}" for who, k in sorted(n.reserved_gpus.items())]
+    return "; ".join(parts) or "-"
 
 
 def model_table(view: ClusterView) -> list[str]:
@@ -72,8 +79,10 @@ def summary_line(view: ClusterView) -> str:
     aside = unschedulable_text(view.free_unschedulable, view.unschedulable_nodes)
     by_cpu, by_mem = view.stranded_by_host
     host = f"; stranded by CPU {by_cpu}, by memory {by_mem}" if by_cpu or by_mem else ""
-    return (f"{view.total} GPUs: {view.free} free{aside}, {view.allocated} allocated, {view.tainted} tainted; "
-            f"fragmented {frag:.1f} GPUs{share}{host}; {len(view.pending)} pending claims")
+    reserved = f" ({view.reserved} of them reserved)" if view.reserved else ""
+    return (f"{view.total} GPUs: {view.free} free{aside}, {view.allocated} allocated, "
+            f"{view.tainted} tainted{reserved}; fragmented {frag:.1f} GPUs{share}{host}; "
+            f"{len(view.pending)} pending claims")
 
 
 UNSCHEDULABLE_NOTE = ("Unschedulable: cordoned, not Ready or with a NoSchedule/NoExecute node taint; their free GPUs "

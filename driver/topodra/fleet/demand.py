@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from topodra.fleet.cel import Selector, recognise
+from topodra.fleet.taints import Tolerance, Toleration, toleration_tuple
 
 Obj = dict[str, Any]
 ANY_GPU = ""  # pseudo class of the prior's request classes: every GPU of the driver
@@ -28,6 +29,10 @@ class Alternative:
     count: int  # devices; 0 means allocationMode All
     selectors: tuple[Selector, ...] = ()  # request-level CEL selectors the scorer evaluates (fleet.cel)
     ignored_selectors: int = 0  # request-level CEL selectors outside that subset: treated as matching
+    # The request's (or subrequest's) ``tolerations`` of device taints (fleet.taints), in the order written:
+    # ExactDeviceRequest.tolerations and DeviceSubRequest.tolerations (k8s.io/api@v0.37.2 resource/v1/types.go:1432,
+    # 1577).
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +60,12 @@ class Demand:
     constraints: tuple[Constraint, ...] = ()
     # Demands key every memo and the request mix: hash once, not recursively per lookup.
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    # Whether any alternative carries tolerations: asked on every scorer call, so worked out once.
+    _tolerant: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.requests, self.constraints)))
+        object.__setattr__(self, "_tolerant", any(a.tolerations for r in self.requests for a in r.alternatives))
 
     def __hash__(self) -> int:
         return self._hash
@@ -65,6 +73,17 @@ class Demand:
     @property
     def has_selectors(self) -> bool:
         return any(a.selectors for r in self.requests for a in r.alternatives)
+
+    @property
+    def has_tolerations(self) -> bool:
+        return self._tolerant
+
+    def without_tolerations(self) -> Demand:
+        """The same demand without its tolerations (how it enters the request mix: packing ignores them)."""
+        if not self.has_tolerations:
+            return self
+        return Demand(requests=tuple(Request(r.name, tuple(replace(a, tolerations=()) for a in r.alternatives))
+                                     for r in self.requests), constraints=self.constraints)
 
     def without_selectors(self) -> Demand:
         """The same demand judged by DeviceClasses only (how it enters the request mix)."""
@@ -106,7 +125,11 @@ def _alternative(name: str, body: Obj) -> Alternative:
             ignored += 1
         else:
             known.append(got)
-    return Alternative(name=name, device_class=cls, count=count, selectors=tuple(known), ignored_selectors=ignored)
+    tols = body.get("tolerations") or []
+    if not isinstance(tols, list) or not all(isinstance(t, dict) for t in tols):
+        raise DemandError(f"request {name!r} has tolerations that are not a list of objects")
+    return Alternative(name=name, device_class=cls, count=count, selectors=tuple(known), ignored_selectors=ignored,
+                       tolerations=tuple(toleration_tuple(t) for t in tols))
 
 
 def parse_demand(spec: Obj) -> Demand:
@@ -132,3 +155,14 @@ def parse_demand(spec: Obj) -> Demand:
         if isinstance(attr, str) and attr:
             constraints.append(Constraint(requests=tuple(c.get("requests") or ()), attribute=attr))
     return Demand(requests=tuple(requests), constraints=tuple(constraints))
+
+
+def pod_tolerance(demands: tuple[Demand, ...] | list[Demand]) -> Tolerance:
+    """Per alternative of the pod's claims its tolerations (``fleet.taints.tolerated`` reads them); empty
+    when none of them has any: the pod is an ordinary one, and the cheap check says so first."""
+    for d in demands:
+        if d._tolerant:
+            break
+    else:
+        return ()
+    return tuple(a.tolerations for d in demands for r in d.requests for a in r.alternatives)

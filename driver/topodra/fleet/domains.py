@@ -6,14 +6,18 @@ node. The domain rule, for a pod of a gang whose remaining ``need`` pods (``minC
 siblings already bound or nominated) have to land in one domain of label ``key``:
 
 1. **Siblings first.** A domain already holding siblings is the job's domain (the most siblings win).
-2. **Else the domain chosen for the gang a moment ago** (``intent``): kube-scheduler evaluates a gang's
+2. **Else the domain reserved for the job** (issue 33, ``fleet.reserve``): a domain with candidate nodes
+   that hold devices reserved or hinted for a ClaimProfile the pod's claims own, when it holds the whole
+   job (``need`` pods); of several, the tightest (as in 3).
+3. **Else the domain chosen for the gang a moment ago** (``intent``): kube-scheduler evaluates a gang's
    pods one after the other in one cycle and binds none of them before all fit, so the 2nd pod's call
    sees no sibling yet; the scorer remembers the domain it steered the 1st pod into.
-3. **Else the tightest domain that holds the whole job**: among the domains where ``need`` pods fit
+4. **Else the tightest domain that holds the whole job**: among the domains where ``need`` pods fit
    (each candidate node counted as often as the pod's claims fit on it, first-fit emulation), the
-   one with the best ``firstAvailable`` rank for the ``need``-th pod, then the fewest pods it could
-   take, then the fewest free GPUs. So a small job fills a partly used leaf group and never breaks an
-   empty one that a bigger job could use later, the node rule's packing carried to the domain.
+   one with the best ``firstAvailable`` rank for the ``need``-th pod, then one without another job's
+   reservation hint (``foreign`` nodes), then the fewest pods it could take, then the fewest free GPUs.
+   So a small job fills a partly used leaf group and never breaks an empty one that a bigger job could
+   use later, the node rule's packing carried to the domain, and leaves the next reservation's domain be.
 
 The label (``domain_key``) is the PodGroup's topology key, or, where the candidates all share one of its
 domains (the scheduler's topology-aware cycle offers one domain at a time), the finest fabric label that
@@ -22,7 +26,7 @@ still splits them. No domain holds the job: no preference. Nodes without the lab
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from topodra.fleet.allocator import Rank, free_gpus
@@ -50,7 +54,7 @@ class DomainFit:
 class Choice:
     key: str
     value: str
-    why: str  # "siblings", "intent" or "tightest"
+    why: str  # "siblings", "reserved", "intent" or "tightest"
 
 
 def domain_key(group_key: str | None, labels: Mapping[str, Mapping[str, str]], nodes: Sequence[str]) -> str | None:
@@ -100,8 +104,10 @@ def fits(candidates: Sequence[Candidate], labels: Mapping[str, Mapping[str, str]
 
 def choose(candidates: Sequence[Candidate], labels: Mapping[str, Mapping[str, str]], key: str,
            place: Place, need: int, sibling_nodes: Sequence[str] = (),
-           intent: str | None = None) -> Choice | None:
-    """The domain (value of ``key``) the pod should go to, or None for no preference."""
+           intent: str | None = None, owned: Set[str] = frozenset(),
+           foreign: Set[str] = frozenset()) -> Choice | None:
+    """The domain (value of ``key``) the pod should go to, or None for no preference. ``owned``/``foreign``:
+    nodes holding free devices reserved for the pod's job / hinted for another (``fleet.reserve.Steer``)."""
     here = [labels.get(n, {}).get(key) for n in sibling_nodes]
     counted = {v: here.count(v) for v in here if v is not None}
     if counted:
@@ -109,12 +115,19 @@ def choose(candidates: Sequence[Candidate], labels: Mapping[str, Mapping[str, st
         return Choice(key, best, "siblings")
     need = max(1, need)
     domains = fits(candidates, labels, key, place, need)
+    whole = [d for d in domains.values() if d.pods >= need]
+    if owned:
+        mine = {labels.get(n, {}).get(key) for n in owned}
+        reserved = [d for d in whole if d.value in mine]
+        if reserved:
+            top = min(reserved, key=lambda d: (d.rank, d.pods, d.free_gpus, d.value))
+            return Choice(key, top.value, "reserved")
     if intent is not None and domains.get(intent, DomainFit(intent, 0, (), 0)).pods >= 1:
         return Choice(key, intent, "intent")
-    whole = [d for d in domains.values() if d.pods >= need]
     if not whole:
         return None
-    best_fit = min(whole, key=lambda d: (d.rank, d.pods, d.free_gpus, d.value))
+    hinted = {labels.get(n, {}).get(key) for n in foreign} if foreign else set()
+    best_fit = min(whole, key=lambda d: (d.rank, d.value in hinted, d.pods, d.free_gpus, d.value))
     return Choice(key, best_fit.value, "tightest")
 
 

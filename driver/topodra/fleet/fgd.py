@@ -73,7 +73,11 @@ def make_mix(prior: Mapping[int, float], prior_weight: float, observed: Mapping[
         if known_classes is not None and not all(
                 a.device_class in known_classes for r in demand.requests for a in r.alternatives):
             continue
-        demand = demand.without_selectors()  # fragments are memoised per node shape (see selector_mask)
+        # Fragments are memoised per node shape (see selector_mask); tolerations do not change how a class packs
+        # (the ordinary view of the node is what the mix's future claims meet).
+        demand = demand.without_selectors()
+        if demand.has_tolerations:
+            demand = demand.without_tolerations()
         weights[demand] = weights.get(demand, 0.0) + n
     total = sum(weights.values())
     if total <= 0:

@@ -74,8 +74,21 @@ class NodeStates:
             self.of.pop(node, None)
             self.gpu_of.pop(node, None)
             return
-        used = st.unavailable_indices(view)
-        got = st.hosts.room(node)
+        self.of[node], self.gpu_of[node] = self._ids_for(node, view, st.unavailable_indices(view))
+
+    def intern(self, node: str, used: frozenset[int], full: bool) -> int | None:
+        """The id of the node's state with ``used`` as its unavailable devices instead of the ordinary ones (a
+        pod with tolerations, ``ClusterState.tolerated_unavailable``): the full id, or the GPU-only one when not
+        ``full``. Interned like any state (same key, same id), but the node's own entry stays the ordinary
+        state: nothing a tolerating pod sees is cached under a node for the next pod."""
+        view = self.state.node_view(node)
+        if view is None:
+            return None
+        sid, gid = self._ids_for(node, view, used)
+        return sid if full else gid
+
+    def _ids_for(self, node: str, view: NodeView, used: frozenset[int]) -> tuple[int, int]:
+        got = self.state.hosts.room(node)
         room = None if got is None else (got.cpu_free, got.memory_free)
         gkey = (view.shape, used)
         gid = self._gpu_ids.get(gkey)
@@ -87,5 +100,4 @@ class NodeStates:
         if sid is None:
             sid = self._ids[key] = len(self.states)
             self.states.append(NodeState(view=view, used=used, room=room, gpu_state=gid))
-        self.of[node] = sid
-        self.gpu_of[node] = gid
+        return sid, gid

@@ -15,6 +15,12 @@ claims.  Three ideas keep ``prioritize`` cheap:
   it, so results computed for one node are reused for all nodes in the same state.
   Taints are not part of the shape: they enter through the unavailable set, as allocations do.
 
+Tolerations (issue 33): ``unavailable_indices`` is what a claim without tolerations meets (cached per node);
+a pod whose claims tolerate some blocking taint present (a reservation's, ``topodra.reservations``) gets,
+for the few nodes where that changes anything, its own sets from ``tolerated_unavailable`` (never cached in
+the ordinary table, so nothing leaks between pods). ``reservation_marks`` says which devices a
+reservation rule holds (``NoSchedule``) or hints (``None``) for which ClaimProfile uid.
+
 Derived caches outside this class (``fleet.nodestates``) follow it through its change journal
 (``changed_since``): every update names the nodes whose scoring inputs it changed, or "all".
 """
@@ -33,7 +39,17 @@ from topodra.fleet.demand import Demand, DemandError, parse_demand
 from topodra.fleet.hostres import HostResources, PodRecord
 from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
-from topodra.fleet.taints import blocking, rule_matches, rule_taint
+from topodra.fleet.taints import (
+    BLOCKING_EFFECTS,
+    Taint,
+    Tolerance,
+    blocking_tuples,
+    rule_matches,
+    rule_taint,
+    taint_tuple,
+    tolerated,
+)
+from topodra.reservations import HINT_EFFECT, HOLD_EFFECT, RESERVATION_TAINT_KEY
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str]  # (pool, device) of the scorer's driver
@@ -54,6 +70,7 @@ class DeviceView:
     capacity: Mapping[str, Decimal] = field(default_factory=dict)  # fully qualified name -> value
     driver: str = ""
     tainted: bool = False  # a NoSchedule/NoExecute taint in its own slice (DeviceTaintRules: ClusterState)
+    taints: tuple[Taint, ...] = ()  # those blocking taints of its slice (what a toleration must tolerate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +152,15 @@ def _shape_key(devices: Iterable[DeviceView]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Devices of one node that a reservation rule (``topodra.reservations``) holds or hints for a profile."""
+
+    uid: str  # the reserving ClaimProfile's uid (the taint's value)
+    effect: str  # HOLD_EFFECT (held: only its claims may take them) or HINT_EFFECT (the scorer steers)
+    devices: frozenset[int]  # indices into the node's view
+
+
 # --------------------------------------------------------------------------- claims
 
 
@@ -197,6 +223,10 @@ class ClusterState:
         self._slices_by_node: dict[str, set[str]] = {}
         self._pool_node: dict[str, str] = {}
         self._used_by_node: dict[str, frozenset[int]] = {}
+        # Derived from slices and rules only (never claims): blocking taint -> nodes where some device may carry
+        # it, and each node's reservation marks. Dropped whenever a slice, a class or a rule changes.
+        self._taint_nodes: dict[Taint, set[str]] | None = None
+        self._marks: dict[str, tuple[Mark, ...]] | None = None
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
         self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
@@ -235,6 +265,10 @@ class ClusterState:
         self._used_by_node.clear()
         self._touch_all()
 
+    def _forget_rules(self) -> None:
+        self._forget_used()
+        self._forget_taint_index()
+
     # ----- updates
 
     def set_slice(self, obj: Obj) -> None:
@@ -246,6 +280,7 @@ class ClusterState:
             return  # another driver's, or not node-local: nothing this scorer places
         self.slices[name] = obj
         self._slices_by_node.setdefault(str(node), set()).add(name)
+        self._forget_taint_index()
         self._pool_node[str((spec.get("pool") or {}).get("name", ""))] = str(node)
         self._forget_view(str(node))
 
@@ -255,6 +290,7 @@ class ClusterState:
             node = str(old["spec"]["nodeName"])
             self._slices_by_node.get(node, set()).discard(name)
             self._forget_view(node)
+            self._forget_taint_index()
 
     def _forget_view(self, node: str) -> None:
         self._views.pop(node, None)
@@ -264,7 +300,12 @@ class ClusterState:
     def _forget_views(self) -> None:
         self._views.clear()
         self._used_by_node.clear()
+        self._forget_taint_index()
         self._touch_all()
+
+    def _forget_taint_index(self) -> None:
+        self._taint_nodes = None
+        self._marks = None
 
     def _claim_touched(self, info: ClaimInfo) -> None:
         for pool, _dev in info.allocated:
@@ -279,11 +320,11 @@ class ClusterState:
         self.taint_rules.pop(name, None)
         if rule_taint(obj) is not None:
             self.taint_rules[name] = obj
-        self._forget_used()  # a rule may select devices on any node
+        self._forget_rules()  # a rule may select devices on any node
 
     def delete_taint_rule(self, name: str) -> None:
         if self.taint_rules.pop(name, None) is not None:
-            self._forget_used()
+            self._forget_rules()
 
     def set_class(self, obj: Obj) -> None:
         self.classes[_key(obj)[1]] = class_matcher(obj)
@@ -445,7 +486,7 @@ class ClusterState:
             self.taint_rules.clear()
             for o in items:
                 self.set_taint_rule(o)
-            self._forget_used()
+            self._forget_rules()
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -481,10 +522,10 @@ class ClusterState:
                     if isinstance(val, dict) and val:
                         attrs[key if "/" in key else prefix + key] = next(iter(val.values()))
                 classes = frozenset([name for name, m in preds if m.matches(dev, driver)]) if preds else _NO_CLASSES
-                taints = dev.get("taints")
+                taints = blocking_tuples(dev["taints"]) if dev.get("taints") else ()
                 devices.append(DeviceView((pool, str(dev.get("name", ""))), attrs.get(type_key) == "gpu", classes,
                                           attrs, qualified_capacity(dev, driver) if dev.get("capacity") else {},
-                                          driver, blocking(taints) if taints else False))
+                                          driver, bool(taints), taints))
         shape = self._shapes.setdefault(_shape_key(devices), len(self._shapes))
         view = NodeView(name=node, devices=tuple(devices), shape=shape,
                         index={d.key: i for i, d in enumerate(devices)})
@@ -516,7 +557,96 @@ class ClusterState:
 
     def _ruled_out(self, key: DeviceKey) -> bool:
         return any(rule_matches(r, self.driver, key[0], key[1]) for r in self.taint_rules.values()
-                   if blocking([rule_taint(r) or {}]))
+                   if (rule_taint(r) or {}).get("effect") in BLOCKING_EFFECTS)
+
+    # ----- tolerations and reservations (issue 33)
+
+    def _rule_nodes(self, rule: Obj) -> list[str]:
+        """Nodes on which a rule may select devices of the driver (topodra's pool is the node's name)."""
+        sel = (rule.get("spec") or {}).get("deviceSelector") or {}
+        if sel.get("driver") and sel["driver"] != self.driver:
+            return []
+        if sel.get("pool"):
+            node = self._pool_node.get(str(sel["pool"]))
+            return [node] if node is not None else []
+        return self.nodes_with_devices()
+
+    def taint_nodes(self) -> dict[Taint, set[str]]:
+        """Every blocking taint present (slices' and rules') -> the nodes where a device may carry it. Built
+        when first asked after a slice, class or rule change: only pods with tolerations ask."""
+        if self._taint_nodes is None:
+            out: dict[Taint, set[str]] = {}
+            for node in self.nodes_with_devices():
+                view = self.node_view(node)
+                for d in view.devices if view is not None else ():
+                    for t in d.taints:
+                        out.setdefault(t, set()).add(node)
+            for r in self.taint_rules.values():
+                rt = rule_taint(r)
+                if rt is not None and rt.get("effect") in BLOCKING_EFFECTS:
+                    out.setdefault(taint_tuple(rt), set()).update(self._rule_nodes(r))
+            self._taint_nodes = out
+        return self._taint_nodes
+
+    def unavailable_for(self, view: NodeView, tolerance: Tolerance) -> frozenset[int]:
+        """``unavailable_indices`` as a pod with these tolerations meets it: held by an allocated claim, or
+        carrying a blocking taint that not every alternative of the pod tolerates (``fleet.taints.tolerated``).
+        Equal to ``unavailable_indices`` for an empty tolerance. Not cached (only a few nodes differ)."""
+        used = self.used
+        pools = {d.key[0] for d in view.devices}
+        rules = []
+        for r in self.taint_rules.values():
+            t = rule_taint(r)
+            pool = ((r.get("spec") or {}).get("deviceSelector") or {}).get("pool")
+            if t is not None and t.get("effect") in BLOCKING_EFFECTS and (not pool or pool in pools):
+                rules.append((taint_tuple(t), r))
+        out = []
+        for i, d in enumerate(view.devices):
+            if d.key in used or any(not tolerated(t, tolerance) for t in d.taints) or any(
+                    not tolerated(t, tolerance) and rule_matches(r, self.driver, d.key[0], d.key[1]) for t, r in rules):
+                out.append(i)
+        return frozenset(out)
+
+    def tolerated_unavailable(self, tolerance: Tolerance) -> dict[str, frozenset[int]]:
+        """For a pod with these tolerations: the nodes whose unavailable devices differ from the ordinary
+        ones, with the pod's own set (``unavailable_for``); empty when it tolerates no blocking taint present
+        (then the ordinary per-state tables serve it unchanged)."""
+        if not tolerance:
+            return {}
+        nodes: set[str] = set()
+        for t, where in self.taint_nodes().items():
+            if tolerated(t, tolerance):
+                nodes |= where
+        out = {}
+        for node in nodes:
+            view = self.node_view(node)
+            if view is None:
+                continue
+            got = self.unavailable_for(view, tolerance)
+            if got != self.unavailable_indices(view):
+                out[node] = got
+        return out
+
+    def reservation_marks(self) -> dict[str, tuple[Mark, ...]]:
+        """Node -> the devices reservation rules (key ``RESERVATION_TAINT_KEY``, effect ``NoSchedule`` or
+        ``None``) select there, per rule; empty without such rules (checked first: no cost then)."""
+        if self._marks is None:
+            out: dict[str, list[Mark]] = {}
+            for r in self.taint_rules.values():
+                t = rule_taint(r)
+                if t is None or t.get("key") != RESERVATION_TAINT_KEY or t.get("effect") not in (HOLD_EFFECT,
+                                                                                                HINT_EFFECT):
+                    continue
+                for node in self._rule_nodes(r):
+                    view = self.node_view(node)
+                    if view is None:
+                        continue
+                    idx = frozenset(i for i, d in enumerate(view.devices)
+                                    if rule_matches(r, self.driver, d.key[0], d.key[1]))
+                    if idx:
+                        out.setdefault(node, []).append(Mark(str(t.get("value") or ""), str(t["effect"]), idx))
+            self._marks = {n: tuple(ms) for n, ms in out.items()}
+        return self._marks
 
     def pod_demands(self, pod: Obj) -> list[Demand]:
         """The pod's claims still to be allocated, from the cache (never the API).

@@ -1,10 +1,23 @@
-"""Device taints, from the device's slice and from DeviceTaintRules, and which of them block (pure).
+"""Device taints, from the device's slice and from DeviceTaintRules, which of them block, and which claim
+tolerates which (pure).
 
-What counts as unavailable: a taint with effect ``NoSchedule`` or ``NoExecute`` -- the scheduler
-allocates such a device only to a claim that tolerates the taint, and we treat every claim as not
-tolerating it (tolerations are rare and per claim; counting the device as free would overstate what
-an ordinary claim can get). Other effects (e.g. ``None``, an informational taint) do not block.
+What counts as unavailable: a taint with effect ``NoSchedule`` or ``NoExecute``: the scheduler allocates
+such a device only to a request that tolerates the taint. A claim without tolerations (the common case)
+tolerates none, so ``ClusterState.unavailable_indices`` counts every blocking-tainted device as unavailable;
+a pod whose requests carry tolerations sees the devices whose blocking taints they all tolerate as free
+(``ClusterState.unavailable_for``). Other effects (e.g. ``None``, an informational taint) do not block.
 A DeviceTaintRule selects devices by ``deviceSelector`` driver, pool and device, each optional.
+
+The toleration rule is the scheduler's, in ``k8s.io/dynamic-resource-allocation@v0.37.2`` (the staging copy of
+v1.37.2): ``resourceclaim.ToleratesTaint`` (``resourceclaim/devicetoleration.go:35-56``), which the structured
+allocator applies per request and device (``taintPreventsAllocation`` / ``taintTolerated``,
+``structured/internal/stable/allocator_stable.go:1281-1301``: every ``NoSchedule``/``NoExecute`` taint of the
+device must be tolerated by one of the request's tolerations; other effects, ``None`` included, are ignored):
+
+1. an empty toleration effect matches every effect, else the effects must be equal;
+2. an empty toleration key matches every key, else the keys must be equal;
+3. operator ``Exists`` matches every value; ``Equal`` (or empty: the API defaults it) needs equal values;
+   any other operator matches nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +27,10 @@ from typing import Any
 
 Obj = dict[str, Any]
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+Taint = tuple[str, str, str]  # (key, value, effect): hashable, what the toleration rule reads
+Toleration = tuple[str, str, str, str]  # (key, operator, value, effect), as written ("" for absent fields)
+# Per alternative (request or subrequest) of a pod's claims, its tolerations: what a device must be tolerated by.
+Tolerance = tuple[tuple[Toleration, ...], ...]
 
 
 def rule_taint(rule: Obj) -> Obj | None:
@@ -46,6 +63,43 @@ def device_taints(device: Obj, rules: Sequence[Obj], driver: str, pool: str) -> 
 def blocking(taints: Iterable[Obj]) -> bool:
     """Whether any of the taints keeps the device from an ordinary claim (NoSchedule/NoExecute)."""
     return any(t.get("effect") in BLOCKING_EFFECTS for t in taints)
+
+
+def taint_tuple(t: Obj) -> Taint:
+    """A taint object as the hashable ``(key, value, effect)``."""
+    return str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or "")
+
+
+def blocking_tuples(taints: Iterable[Obj]) -> tuple[Taint, ...]:
+    """The blocking taints among ``taints``, as tuples (what a toleration has to tolerate)."""
+    return tuple(taint_tuple(t) for t in taints if t.get("effect") in BLOCKING_EFFECTS)
+
+
+def toleration_tuple(tol: Obj) -> Toleration:
+    """A DeviceToleration object as the hashable ``(key, operator, value, effect)``."""
+    return (str(tol.get("key") or ""), str(tol.get("operator") or ""), str(tol.get("value") or ""),
+            str(tol.get("effect") or ""))
+
+
+def tolerates(tol: Toleration, taint: Taint) -> bool:
+    """``resourceclaim.ToleratesTaint`` of v1.37 (devicetoleration.go; see the module docstring)."""
+    key, op, value, effect = tol
+    if effect and effect != taint[2]:
+        return False
+    if key and key != taint[0]:
+        return False
+    if op in ("", "Equal"):
+        return value == taint[1]
+    return op == "Exists"
+
+
+def tolerated(taint: Taint, tolerance: Tolerance) -> bool:
+    """Whether every alternative of the pod's claims tolerates the taint (so any of them may take the device).
+
+    Per alternative the scheduler checks its own tolerations; the scorer keeps one view of the node per pod,
+    so a device counts as free for the pod only when all of its alternatives could take it (the controller
+    renders the same toleration into every request and subrequest, where this is exact)."""
+    return bool(tolerance) and all(any(tolerates(t, taint) for t in tols) for tols in tolerance)
 
 
 def taint_text(t: Obj) -> str:

@@ -13,11 +13,15 @@ touched every node several times (its view, its unavailable set, a ``HostFit``, 
 The floating-point operations are ``Scorer.cost``'s, in the same order, so the scores are identical
 (``tests/unit/placement/test_placement_bystate.py`` compares both on random states). Claims with CEL
 selectors (a per-node device mask) and gangs take ``Scorer.score`` itself.
+
+A pod with tolerations (issue 33) meets other unavailable devices on the few nodes carrying a taint it tolerates:
+those nodes are scored as the state with the pod's own set (``NodeStates.intern``), for this call only; entries are
+per state, so they are as valid for the next pod as any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 
 from topodra.fleet.allocator import Rank, free_gpus
@@ -73,9 +77,10 @@ class StateScorer:
         return got
 
     def score(self, names: Sequence[str], demands: Sequence[Demand], mix: Mix,
-              job: HostJob | None) -> list[int]:
+              job: HostJob | None, unavailable: Mapping[str, frozenset[int]] | None = None) -> list[int]:
         """0..10 per name, in order: ``Scorer.score`` for demands without CEL selectors; ``job``: the pod's
-        CPU/memory for CPU/memory-aware scoring (None: GPUs only)."""
+        CPU/memory for CPU/memory-aware scoring (None: GPUs only); ``unavailable``: nodes where the pod meets
+        other unavailable devices than an ordinary claim (its tolerations), scored as the state with those."""
         self.scorer._trim()
         if not demands:
             return [0] * len(names)
@@ -92,6 +97,11 @@ class StateScorer:
         ids_of_classes = tuple(c[0] for c in canon)
         entries = self._entries.setdefault((key, job, ids_of_classes), {})
         ids = list(map(table.get, names))  # None: the node publishes none of our devices (score 0)
+        if unavailable:
+            for pos, name in enumerate(names):
+                own = unavailable.get(name)
+                if own is not None:
+                    ids[pos] = self.states.intern(name, own, job is not None)
         vectors = self._vectors
         frag: dict[int, float] = {}
 

@@ -27,8 +27,9 @@ from topodra.fleet.domains import Candidate, Choice, choose, domain_key, in_doma
 from topodra.fleet.fgd import Mix
 from topodra.fleet.hostfrag import HostFit
 from topodra.fleet.pods import Pods, pod_group_name
+from topodra.fleet.reserve import NO_STEER, Steer
 from topodra.fleet.state import NodeView
-from topodra.placement.score import Scorer
+from topodra.placement.score import Scorer, steered
 
 INTENT_TTL = 30.0  # seconds: far longer than one gang cycle, short enough to forget a failed one
 MAX_INTENTS = 10_000
@@ -66,11 +67,13 @@ class Gangs:
     def score(self, pod: Obj, pods: Pods, labels: dict[str, dict[str, str]],
               candidates: Sequence[Candidate], demands: Sequence[Demand], mix: Mix,
               scorer: Scorer, hosts: Sequence[HostFit | None] | None = None,
-              rule: NodeRule | None = None) -> list[tuple[str, int]]:
+              rule: NodeRule | None = None, steer: Steer = NO_STEER) -> list[tuple[str, int]]:
         """(node, 0..10) per candidate: the node rule alone when the pod is in no gang, no domain
         label is known, or the candidates already share one domain. ``hosts``: per candidate its free CPU
         and memory for this pod (the scorer's CPU/memory-aware rule), or None. ``rule``: the node rule over
-        some candidates when the caller has a faster one than ``scorer.score`` (``placement.bystate``)."""
+        some candidates when the caller has a faster one than ``scorer.score`` (``placement.bystate``).
+        ``steer``: the pod's reservation steering (``fleet.reserve``): the node rule's steering term, and the
+        domain reserved for the pod's job first."""
         if rule is None:
             host_of = dict(zip((c[0] for c in candidates), hosts, strict=True)) if hosts is not None else None
 
@@ -79,6 +82,13 @@ class Gangs:
                 return scorer.score(cs, demands, mix, cs_hosts)
 
             rule = by_node
+        if steer:
+            plain = rule
+
+            def with_steering(cs: Sequence[Candidate]) -> list[tuple[str, int]]:
+                return steered(plain(cs), steer, lambda ns: plain([c for c in cs if c[0] in ns]))
+
+            rule = with_steering
         node_scores = rule(candidates)
         self.last = None
         group = pod_group_name(pod)
@@ -101,7 +111,8 @@ class Gangs:
             return scorer.placement(view, used, key_demands)
 
         gang = (ns, group)
-        choice = choose(candidates, labels, key, place, need, placed, self._intent(gang, key))
+        choice = choose(candidates, labels, key, place, need, placed, self._intent(gang, key), steer.owned,
+                        steer.foreign)
         if choice is None:
             return node_scores
         self._remember(gang, choice)

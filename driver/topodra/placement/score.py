@@ -28,11 +28,15 @@ Every node that fits only with a worse rank gets 1, so packing never pulls a job
 its 2nd choice while its 1st is placeable elsewhere. 0 where the claims do not fit in
 our view: a low score, never a veto.  Results are memoised per (node shape, unavailable devices, ...),
 so 500 nodes in a few distinct states cost a few placements, not 500.
+
+Reservations (issue 33) enter twice: a pod's tolerations decide which devices are unavailable to it
+(``ClusterState.tolerated_unavailable``), and ``steered`` adds the steering term on top of the 0..10 scores
+(another job's hinted nodes ``STEER_PENALTY`` lower, the reserving job's own nodes first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from topodra.fleet.allocator import Rank, free_gpus, place_ranked, selector_mask
@@ -40,6 +44,7 @@ from topodra.fleet.demand import Demand
 from topodra.fleet.fgd import Fragmentation, Mix
 from topodra.fleet.hostfrag import HostFit, host_fragmentation
 from topodra.fleet.packing import PlacePlan, place_plan, placed
+from topodra.fleet.reserve import Steer
 from topodra.fleet.state import NodeView
 
 MAX_SCORE = 10
@@ -147,3 +152,31 @@ class Scorer(Fragmentation):
             else:
                 out.append((name, 1 + round((MAX_SCORE - 1) * (hi - rc[1]) / (hi - lo))))
         return out
+
+
+# Reservations (issue 33): points taken off a fitting node's 0..10 score where the pod would eat into another job's
+# hinted reservation (never below 1, so a fitting node stays above one where the claims do not fit: the scorer
+# never filters).
+STEER_PENALTY = 5
+
+
+def steered(scores: Sequence[tuple[str, int]], steer: Steer,
+            rescore: Callable[[list[str]], Sequence[tuple[str, int]]]) -> list[tuple[str, int]]:
+    """The reservation steering term (``fleet.reserve``) on the node rule's ``scores`` (candidate order kept):
+
+    * **the reserving job's pods** (``steer.owned``, nodes with free devices held or hinted for a ClaimProfile
+      the pod owns): when one of them fits, they are ranked among themselves (``rescore``: the node rule over
+      those nodes alone) and lifted to 2..10, every other fitting node gets 1: the reservation is where its
+      pods go, FGD decides among its nodes (``fleet.domains.in_domain_scores``' rule, one level down);
+    * **every other pod**: ``score - STEER_PENALTY`` (at least 1) on fitting nodes with free devices hinted for
+      a reservation it does not own (``steer.foreign``): small jobs go elsewhere when they can, unless FGD prefers
+      the hinted node by more than the penalty.
+    """
+    if not steer:
+        return list(scores)
+    mine = [n for n, s in scores if s > 0 and n in steer.owned]
+    if mine:
+        inside = dict(rescore(mine))
+        return [(n, 0 if s <= 0 else 2 + round(8 * (max(1, inside.get(n, 1)) - 1) / 9) if n in steer.owned else 1)
+                for n, s in scores]
+    return [(n, max(1, s - STEER_PENALTY) if s > 0 and n in steer.foreign else s) for n, s in scores]

@@ -22,16 +22,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from topodra.fleet.demand import pod_tolerance
 from topodra.fleet.domains import Candidate
 from topodra.fleet.fgd import Mix, make_mix
 from topodra.fleet.nodestates import NodeStates
 from topodra.fleet.pods import pod_group_name
+from topodra.fleet.reserve import NO_STEER, steering
 from topodra.placement.bystate import StateScorer
 from topodra.placement.cache import Cache, settle_heap
 from topodra.placement.gang import Gangs
 from topodra.placement.hostaware import host_fits, host_job
 from topodra.placement.reply import encode_reply
-from topodra.placement.score import Scorer
+from topodra.placement.score import Scorer, steered
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,19 @@ class Placement:
         with self.cache.lock:
             state = self.cache.state
             demands = state.pod_demands(pod)
+            # Tolerations (issue 33): the nodes where this pod meets other unavailable devices than an ordinary
+            # claim (none for a pod without tolerations: the check is one pass over its alternatives).
+            tolerance = pod_tolerance(demands)
+            own = state.tolerated_unavailable(tolerance) if tolerance else {}
+            marks = state.reservation_marks() if state.taint_rules else {}
+            steer = NO_STEER
+            if marks:
+
+                def unavailable(n: str) -> frozenset[int] | None:
+                    v = state.node_view(n)
+                    return None if v is None else own.get(n, state.unavailable_indices(v))
+
+                steer = steering(marks, tolerance, unavailable)
             known = frozenset(k for k, m in state.classes.items() if m is not None)
             if self._mix is None or self._mix[0] != (state.mix_version, known):
                 mix = make_mix(self.prior, self.prior_weight, state.observed_mix(), state.driver, known)
@@ -164,23 +179,28 @@ class Placement:
             job = host_job(pod, demands) if by_state and self.host_aware and demands else None
             if by_state and not pod_group_name(pod):
                 self.gangs.last = None
-                return names, self.states.score(names, demands, mix, job)
+                scores = self.states.score(names, demands, mix, job, own)
+                if steer and demands:
+                    scores = [s for _n, s in steered(list(zip(names, scores, strict=True)), steer, lambda ns: list(
+                        zip(ns, self.states.score(ns, demands, mix, job, own), strict=True)))]
+                return names, scores
             cands = []
             for n in names:
                 view = state.node_view(n)
-                cands.append((n, view, state.unavailable_indices(view) if view is not None else frozenset()))
+                cands.append((n, view, own.get(n, state.unavailable_indices(view)) if view is not None
+                              else frozenset()))
             if by_state:  # a gang's pod: the domain rule per node, the node rule per state
 
                 def rule(cs: Sequence[Candidate]) -> list[tuple[str, int]]:
                     ns = [c[0] for c in cs]
-                    return list(zip(ns, self.states.score(ns, demands, mix, job), strict=True))
+                    return list(zip(ns, self.states.score(ns, demands, mix, job, own), strict=True))
 
                 scored = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer,
-                                          rule=rule)
+                                          rule=rule, steer=steer)
             else:
                 hosts = host_fits(state, pod, demands, names) if self.host_aware and demands else None
                 scored = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer,
-                                          hosts)
+                                          hosts, steer=steer)
         return [n for n, _s in scored], [s for _n, s in scored]
 
 

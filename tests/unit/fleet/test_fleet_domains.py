@@ -16,6 +16,7 @@ from topodra.fleet.domains import (
     LEAF_GROUP,
     SCALABLE_UNIT,
     Candidate,
+    Choice,
     choose,
     domain_key,
     fits,
@@ -177,3 +178,24 @@ def test_pod_records_bound_nominated_and_finished() -> None:
 def test_pod_group_records(spec: dict[str, Any], expect: tuple[int, str | None]) -> None:
     rec = pod_group_record({"metadata": {"name": "g", "namespace": "ns"}, "spec": spec})
     assert (rec.min_count, rec.topology_key) == expect
+
+
+def test_the_domain_reserved_for_the_job_comes_after_siblings_and_before_the_tightest() -> None:
+    st = fabric()
+    hold(st, "a1", ["gpu-0"])  # la is the tightest for 2 whole servers; lb is the job's reservation
+    labels = st.node_labels
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 2) == Choice(LEAF_GROUP, "la", "tightest")
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 2, owned={"b2"}) == Choice(LEAF_GROUP, "lb", "reserved")
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 2, ["a2"], owned={"b2"}) == Choice(LEAF_GROUP, "la",
+                                                                                         "siblings")
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 2, intent="la", owned={"b2"}) == Choice(LEAF_GROUP, "lb",
+                                                                                              "reserved")
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 4, owned={"b2"}) is None  # lb cannot hold 4: no whole domain
+
+
+def test_a_hinted_domain_comes_last_among_the_tightest_but_before_a_worse_rank_or_no_fit() -> None:
+    st = fabric()
+    hold(st, "a1", ["gpu-0"])
+    labels = st.node_labels
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 2, foreign={"a2"}) == Choice(LEAF_GROUP, "lb", "tightest")
+    assert choose(cands(st), labels, LEAF_GROUP, EIGHT, 3, foreign={"b1"}) == Choice(LEAF_GROUP, "lb", "tightest")

@@ -12,7 +12,7 @@ from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.fleet.cel import qualified_capacity
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.state import ClusterState, DeviceView, _shape_key, class_matcher, qualified_attributes
-from topodra.fleet.taints import blocking, rule_matches, rule_taint
+from topodra.fleet.taints import blocking, blocking_tuples, rule_matches, rule_taint
 
 Obj = dict[str, Any]
 # The mock profiles without MIG (testkit.views.node_slices renames device slices; MIG ones also publish others).
@@ -33,7 +33,8 @@ def reference_devices(st: ClusterState, node: str) -> list[DeviceView]:
             classes = frozenset(name for name, m in st.classes.items() if m is not None and m.matches(dev, st.driver))
             out.append(DeviceView(key=(pool, str(dev.get("name", ""))), gpu=attrs.get(f"{st.driver}/type") == "gpu",
                                   classes=classes, attrs=attrs, capacity=qualified_capacity(dev, st.driver),
-                                  driver=st.driver, tainted=blocking(dev.get("taints") or [])))
+                                  driver=st.driver, tainted=blocking(dev.get("taints") or []),
+                                  taints=blocking_tuples(dev.get("taints") or [])))
     return out
 
 
@@ -93,6 +94,9 @@ def test_node_views_and_unavailable_sets_are_those_of_the_plain_loops() -> None:
                 assert view is not None and list(view.devices) == want, node
                 assert view.index == {d.key: i for i, d in enumerate(want)}
                 assert st.unavailable_indices(view) == reference_unavailable(st, want), (node, rules)
+                assert st.unavailable_for(view, ()) == st.unavailable_indices(view)  # no tolerations: the same
+                assert st.unavailable_for(view, (((("", "Exists", "", "")),),)) == frozenset(
+                    i for i, d in enumerate(want) if d.key in st.used)  # tolerates every taint: allocations only
                 keys.setdefault(_shape_key(want), set()).add(view.shape)
             assert all(len(ids) == 1 for ids in keys.values())  # one shape per distinct key ...
             assert len({next(iter(ids)) for ids in keys.values()}) == len(keys)  # ... and no two keys share one

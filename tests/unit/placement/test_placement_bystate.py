@@ -20,7 +20,7 @@ from testkit.views import claim, device_classes, node_slices
 
 from topodra import DEFAULT_DRIVER_NAME as DRIVER
 from topodra.fleet.allocator import place
-from topodra.fleet.demand import parse_demand
+from topodra.fleet.demand import parse_demand, pod_tolerance
 from topodra.fleet.domains import LEAF_GROUP, SCALABLE_UNIT
 from topodra.fleet.fgd import DEFAULT_PRIOR
 from topodra.fleet.nodestates import NodeStates
@@ -28,6 +28,7 @@ from topodra.fleet.state import ClusterState
 from topodra.kube import Kube
 from topodra.placement.cache import Cache, apply_event
 from topodra.placement.server import Placement
+from topodra.reservations import HINT_EFFECT, HOLD_EFFECT, RESERVATION_TAINT_KEY, toleration
 from topodra.simulate import fake_node, fake_node_status
 
 Obj = dict[str, Any]
@@ -149,13 +150,18 @@ class Fleet:
             for s in slices:
                 self.event("slices", "MODIFIED", s)
 
+    def decorate(self, spec: Obj) -> None:
+        """A pending claim's spec before it is added (``ReservedFleet`` adds tolerations)."""
+
     def pod(self, k: int) -> tuple[Obj, list[str]]:
         """A pod to score (its claims pending in the state) and the candidate names."""
         rng = self.rng
         refs = []
         for j in range(1 if rng.random() < 0.85 else 2):
             name = f"pending-{k}-{j}"
-            self.event("claims", "ADDED", claim(name, random_spec(rng)))
+            claim_spec = random_spec(rng)
+            self.decorate(claim_spec)
+            self.event("claims", "ADDED", claim(name, claim_spec))
             refs.append({"name": f"c{j}", "resourceClaimName": name})
         spec: Obj = {"resourceClaims": refs if rng.random() < 0.97 else [], "containers": []}
         if rng.random() < 0.7:
@@ -173,6 +179,35 @@ class Fleet:
         if rng.random() < 0.1:
             names.append("no-such-node")
         return {"metadata": {"name": f"pod{k}", "namespace": NS}, "spec": spec, "status": {}}, names
+
+
+class ReservedFleet(Fleet):
+    """The same, with reservation rules (held and hinted, two profiles' uids) coming and going, and pods whose
+    claims tolerate one of them, every taint, or nothing (issue 33)."""
+
+    UIDS = ("uid-one", "uid-two")
+
+    def update(self) -> None:
+        rng = self.rng
+        if rng.random() < 0.3:
+            node = rng.choice(self.names)
+            uid = rng.choice(self.UIDS)
+            effect = rng.choice((HOLD_EFFECT, HINT_EFFECT))
+            rule = {"metadata": {"name": f"rsv-{node}"}, "spec": {"deviceSelector": {"driver": DRIVER, "pool": node},
+                                                                  "taint": {"key": RESERVATION_TAINT_KEY,
+                                                                            "value": uid, "effect": effect}}}
+            self.event("taintrules", "DELETED" if rng.random() < 0.3 else "ADDED", rule)
+        else:
+            super().update()
+
+    def decorate(self, spec: Obj) -> None:
+        what = self.rng.random()
+        tols = [toleration(self.rng.choice(self.UIDS))] if what < 0.5 else [{"operator": "Exists"}] if what < 0.6 \
+            else []
+        if tols:
+            for r in spec["devices"]["requests"]:
+                for body in [r["exactly"]] if "exactly" in r else r["firstAvailable"]:
+                    body["tolerations"] = tols
 
 
 def placements(st: ClusterState, host_aware: bool) -> tuple[Placement, Placement]:
@@ -202,6 +237,34 @@ def test_same_scores_as_the_per_node_path(seed: int, host_aware: bool) -> None:
                 fleet.event("claims", "DELETED", {"metadata": {"namespace": NS, "name": ref_["resourceClaimName"]}})
     assert varied >= 5  # the comparison saw real rankings, not only all-equal or all-zero answers
     assert fast.states._count > 0  # and the fast path did the work
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_same_scores_with_reservations_and_tolerating_pods(seed: int) -> None:
+    """Both paths agree with reservations present, and the long-lived fast path answers as a fresh one: nothing
+    a tolerating pod saw is served to the next pod."""
+    fleet = ReservedFleet(77 + seed)
+    for _ in range(6):
+        fleet.update()
+    fast, ref = placements(fleet.st, seed % 2 == 0)
+    varied = tolerant = 0
+    for k in range(30):
+        for _ in range(fleet.rng.randint(0, 3)):
+            fleet.update()
+        pod, names = fleet.pod(k)
+        args = {"Pod": pod, "NodeNames": names}
+        fresh = placements(fleet.st, seed % 2 == 0)[0]
+        fresh.gangs.intents = dict(fast.gangs.intents)  # a gang's remembered domain is state by design
+        got = fast.prioritize(copy.deepcopy(args))
+        assert got == ref.prioritize(copy.deepcopy(args)), (seed, k, pod)
+        assert got == fresh.prioritize(copy.deepcopy(args)), (seed, k, pod)
+        varied += len({h["Score"] for h in got}) > 2
+        with fast.cache.lock:
+            tolerant += bool(fleet.st.tolerated_unavailable(pod_tolerance(fleet.st.pod_demands(pod))))
+        if fleet.rng.random() < 0.5:
+            for ref_ in pod["spec"]["resourceClaims"]:
+                fleet.event("claims", "DELETED", {"metadata": {"namespace": NS, "name": ref_["resourceClaimName"]}})
+    assert varied >= 3 and tolerant >= 3  # real rankings, and pods that did meet their own unavailable sets
 
 
 def test_a_relist_and_a_class_change_rebuild_the_state_table() -> None:
