@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from testkit.cluster import RESOURCE_BETA_APIS, TOPOLOGY_SCHEDULING, WORKLOAD_API, Cluster
+from testkit.cluster import TOPOLOGY_SCHEDULING, WORKLOAD_API, Cluster
 from testkit.handle import ClusterHandle
 from testkit.locks import CLUSTER_LOCK_FILE
 from testkit.paths import REPO
@@ -129,7 +129,7 @@ def workload_node_cluster() -> Iterator[ClusterHandle]:
 @pytest.fixture(scope="session")
 def resource_beta_cluster() -> Iterator[ClusterHandle]:
     """The control plane serving resource.k8s.io v1beta1 and v1beta2 beside v1 (off by default in 1.37)."""
-    yield _MANAGER.get(node=False, features=frozenset({RESOURCE_BETA_APIS}))
+    yield _MANAGER.get(node=False, features=frozenset({"resource-beta-apis"}))  # testkit.cluster.RESOURCE_BETA_APIS
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
