@@ -66,8 +66,12 @@ def destination(obj: dict[str, Any]) -> Path | None:
     if kind in ("Deployment", "PriorityClass"):
         return Path("controller/deployment.yaml")
     if kind.startswith("ValidatingAdmissionPolicy"):
-        labels_policy = isinstance(meta, dict) and str(meta.get("name", "")).endswith("-own-node-labels")
-        return Path("admission", "plugin-own-node-labels.yaml" if labels_policy else "plugin-own-node-slices.yaml")
+        name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
+        for suffix, file in (("-own-node-labels", "plugin-own-node-labels.yaml"),
+                             ("-reservation-tolerations", "reservation-tolerations.yaml")):
+            if name.endswith(suffix):
+                return Path("admission", file)
+        return Path("admission", "plugin-own-node-slices.yaml")
     if kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         return Path("rbac/kubelet-plugin.yaml" if component == "kubelet-plugin" else "rbac/controller.yaml")
     return None

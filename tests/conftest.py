@@ -6,7 +6,8 @@ same plus containerd and a real kubelet.  Asking for ``node_cluster`` after
 node) so the whole run shares one cluster.  ``workload_cluster`` and
 ``workload_node_cluster`` do the same with the Workload API and topology-aware
 workload scheduling turned on (``testkit.cluster.GATE_SETS``); once upgraded, the
-rest of the run keeps the gates (they change nothing for pods without a PodGroup).  Component logs are copied to
+rest of the run keeps the gates (they change nothing for pods without a PodGroup).  ``resource_beta_cluster``
+adds the resource.k8s.io beta versions the same way.  Component logs are copied to
 ``.run/logs/<timestamp>`` in the repo when the session ends, pass or fail.
 """
 
@@ -147,6 +148,12 @@ def workload_node_cluster() -> Iterator[ClusterHandle]:
     yield _MANAGER.get(node=True, features=GANG_FEATURES)
 
 
+@pytest.fixture(scope="session")
+def resource_beta_cluster() -> Iterator[ClusterHandle]:
+    """The control plane serving resource.k8s.io v1beta1 and v1beta2 beside v1 (off by default in 1.37)."""
+    yield _MANAGER.get(node=False, features=frozenset({"resource-beta-apis"}))  # testkit.cluster.RESOURCE_BETA_APIS
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _MANAGER.stop()
     if _MANAGER.leftovers:
@@ -167,7 +174,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
 
     def rank(item: pytest.Item) -> int:
-        gated = any(f in getattr(item, "fixturenames", ()) for f in ("workload_cluster", "workload_node_cluster"))
+        gated = any(f in getattr(item, "fixturenames", ())
+                    for f in ("workload_cluster", "workload_node_cluster", "resource_beta_cluster"))
         if item.get_closest_marker("node"):
             return 4 + gated
         if item.get_closest_marker("cluster"):

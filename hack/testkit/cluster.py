@@ -85,15 +85,20 @@ def bin_dir(build: bool) -> Path:
 # capability by name and the harness knows which components take the gate and which API it serves.
 WORKLOAD_API = "workload-api"
 TOPOLOGY_SCHEDULING = "topology-scheduling"
+# resource.k8s.io v1beta1 and v1beta2 served beside v1: kube-apiserver 1.37 serves only v1 by default
+# (pkg/controlplane/instance.go, betaAPIGroupVersionsDisabledByDefault). No gate: the types are there.
+RESOURCE_BETA_APIS = "resource-beta-apis"
 GATE_SETS: dict[str, tuple[str, ...]] = {
     # Workload and PodGroup (scheduling.k8s.io/v1beta1), gang scheduling: beta, off by default in 1.37.
     WORKLOAD_API: ("GenericWorkload",),
     # PodGroup schedulingConstraints.topology: alpha; depends on GenericWorkload (kube_features.go).
     TOPOLOGY_SCHEDULING: ("GenericWorkload", "TopologyAwareWorkloadScheduling"),
+    RESOURCE_BETA_APIS: (),
 }
 # Beta APIs are not served unless asked for.
 GATE_RUNTIME_CONFIG: dict[str, str] = {WORKLOAD_API: "scheduling.k8s.io/v1beta1=true",
-                                       TOPOLOGY_SCHEDULING: "scheduling.k8s.io/v1beta1=true"}
+                                       TOPOLOGY_SCHEDULING: "scheduling.k8s.io/v1beta1=true",
+                                       RESOURCE_BETA_APIS: "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"}
 
 
 def gate_flags(features: tuple[str, ...] | list[str]) -> tuple[list[str], list[str]]:

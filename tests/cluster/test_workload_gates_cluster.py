@@ -28,6 +28,9 @@ def test_gate_flags_name_the_gates_and_the_beta_api() -> None:
     assert common == ["--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true"]
     assert api == [*common, "--runtime-config=scheduling.k8s.io/v1beta1=true"]
     assert gate_flags([]) == ([], [])
+    # no gate, only the beta versions of resource.k8s.io (tests/cluster/test_reservation_admission_cluster.py)
+    assert gate_flags(["resource-beta-apis"]) == (
+        [], ["--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"])
 
 
 def _pod(name: str, group: str) -> dict[str, Any]:
