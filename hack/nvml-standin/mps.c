@@ -9,7 +9,8 @@
  * their get_ forms, quit) to the daemon through the pipe directory and prints the answers.  The reply FIFO is
  * named relative to the pipe directory, since a daemon in a pod sees that directory under another path.  The
  * daemon and each server keep a file in /dev/shm, which is how tests see that clients and daemon share one
- * /dev/shm.  SIGTERM ends the daemon as "quit" does (a deleted daemon pod).
+ * /dev/shm.  SIGTERM ends the daemon as "quit" does (a deleted daemon pod).  A server is a GPU process to the
+ * NVML stand-in (register_process): NVML lists it and refuses to destroy the compute instance it runs on.
  */
 #define _GNU_SOURCE
 #include <errno.h>

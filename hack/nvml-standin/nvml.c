@@ -4,8 +4,10 @@
  * pynvml binding and go-nvml (nvidia-ctk) run their production paths against C-level semantics that a
  * Python fake reproduces only by construction: the nvmlNvlinkVersion_t enum, GPU_IS_LOST from event waits
  * and every per-device call of a lost GPU, event GI/CI ids (0xFFFFFFFF = whole GPU), GPU-instance ids fixed
- * by placement, compute-instance profile ids that differ from their index, NOT_SUPPORTED with MIG off,
- * and the GPU recovery-action field.
+ * by placement as on real GPUs, NOT_SUPPORTED with MIG off (placements excepted), the GPU recovery-action
+ * field, whole-word struct versions, NO_PERMISSION for unprivileged MIG changes, IN_USE while a registered
+ * process (the MPS server stand-in) runs on a compute instance, and MIG device indices with holes.  It is as
+ * strict as nvml.h: no switch makes it lenient; its inputs are facts a host has (privilege, MIG mode, faults).
  *
  * Inputs (see docs/real-node.md): the config JSON (TOPODRA_NVML_STANDIN_CONFIG, else nvml-standin.json next
  * to this library), the faults file it names (re-read when it changes, same format as FakeNvml's), and a
