@@ -175,8 +175,8 @@ class MigEffect:
             log.error("cannot list MIG instances: %s", e)
             return Recovered(data)
         present = {i.key for i in existing}
-        keep = {r.key for r in recorded}
-        left = [i for i in existing if i.key not in keep and i.placement_key in set(intents)]
+        keep, mine = {r.key for r in recorded}, set(intents)
+        left = [i for i in existing if i.key not in keep and i.placement_key in mine]
         if left:  # remove_strays failed: their intents stay, so the next start destroys them
             log.error("MIG instances no entry records are still there (the next start retries): %s",
                       [f"{i.parent_uuid}/{i.gpu_instance}" for i in left])
