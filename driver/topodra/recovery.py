@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from topodra.checkpoint import CheckpointData
@@ -56,12 +56,16 @@ class RecoveryReport:
 
 def reconcile(effects: Sequence[GpuEffect], data: CheckpointData, devices: Mapping[str, Device]
               ) -> tuple[CheckpointData, dict[str, Recovered]]:
-    """Each effect's reconcile, in order (a later one sees what an earlier one re-made: MPS the new MIG UUID)."""
+    """Tear down what no entry records in reverse effect order, as unprepare does (an MPS server still on a
+    stray MIG instance would make NVML refuse its destroy: nvml.h, nvmlComputeInstanceDestroy, "NVML_ERROR_IN_USE
+    ... if processes (e.g. CUDA application) are active on the compute instance"); then each effect's recover in
+    order (a later one sees what an earlier one re-made: MPS the new MIG UUID)."""
+    stray = {effect.name: effect.remove_strays(data, devices) for effect in reversed(effects)}
     done: dict[str, Recovered] = {}
     for effect in effects:
         r = effect.recover(data, devices)
         data = r.data
-        done[effect.name] = r
+        done[effect.name] = replace(r, stray=stray[effect.name] + r.stray)
     return data, done
 
 

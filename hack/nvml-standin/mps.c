@@ -9,7 +9,8 @@
  * their get_ forms, quit) to the daemon through the pipe directory and prints the answers.  The reply FIFO is
  * named relative to the pipe directory, since a daemon in a pod sees that directory under another path.  The
  * daemon and each server keep a file in /dev/shm, which is how tests see that clients and daemon share one
- * /dev/shm.  SIGTERM ends the daemon as "quit" does (a deleted daemon pod).
+ * /dev/shm.  SIGTERM ends the daemon as "quit" does (a deleted daemon pod).  A server is a GPU process to the
+ * NVML stand-in (register_process): NVML lists it and refuses to destroy the compute instance it runs on.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -62,7 +64,35 @@ static void logline(const char *fmt, ...) {
 static volatile sig_atomic_t stop;
 static void on_term(int sig) { (void)sig; stop = 1; }
 
-static int server(void) {
+/* A GPU context, as NVML sees it: the server registers itself with the NVML stand-in (nvml.c, live_procs) on
+ * the devices its daemon's CUDA_VISIBLE_DEVICES names ("all" when unset), in
+ * TOPODRA_NVML_STANDIN_PROCESSES or <this program's dir>/../lib/x86_64-linux-gnu/nvml-standin-processes.  The
+ * file is written under a temporary name, flock'ed, then renamed, and the lock lasts as long as the process:
+ * NVML answers IN_USE for a compute instance it runs on until it exits, however it exits.  A tree it cannot
+ * write (a read-only mount in a pod) leaves it unregistered, and says so. */
+static char proc_file[PATH_MAX];
+
+static void register_process(const char *self_dir) {
+    char dir[PATH_MAX], tmp[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s", env_or("TOPODRA_NVML_STANDIN_PROCESSES", ""));
+    if (!dir[0]) snprintf(dir, sizeof dir, "%s/../lib/x86_64-linux-gnu/nvml-standin-processes", self_dir);
+    mkdir(dir, 0755);
+    snprintf(tmp, sizeof tmp, "%s/.new.%d", dir, (int)getpid());
+    snprintf(proc_file, sizeof proc_file, "%s/%d", dir, (int)getpid());
+    int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0 || dprintf(fd, "devices %s\n", env_or("CUDA_VISIBLE_DEVICES", "all")) < 0 ||
+        rename(tmp, proc_file) != 0) {
+        fprintf(stderr, "nvidia-cuda-mps-server (stand-in): NVML will not see this process: cannot register in %s: "
+                "%s\n", dir, strerror(errno));
+        if (fd >= 0) { unlink(tmp); close(fd); }
+        proc_file[0] = 0;
+        return;
+    }
+    /* fd stays open (and locked) until exit */
+}
+
+static int server(const char *self_dir) {
+    register_process(self_dir);
     snprintf(shm_file, sizeof shm_file, "/dev/shm/cuda.shm.standin.%d", (int)getpid());
     int fd = open(shm_file, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) { fprintf(stderr, "nvidia-cuda-mps-server: cannot create %s: %s\n", shm_file, strerror(errno)); return 1; }
@@ -71,6 +101,7 @@ static int server(void) {
     signal(SIGINT, on_term);
     while (!stop) pause();
     unlink(shm_file);
+    if (proc_file[0]) unlink(proc_file);
     return 0;
 }
 
@@ -294,7 +325,7 @@ int main(int argc, char **argv) {
     char *self_dir = dirname(self);
     const char *base = strrchr(argv[0], '/');
     base = base ? base + 1 : argv[0];
-    if (!strcmp(base, "nvidia-cuda-mps-server")) return server();
+    if (!strcmp(base, "nvidia-cuda-mps-server")) return server(self_dir);
     snprintf(pipe_dir, sizeof pipe_dir, "%s", env_or("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"));
     snprintf(log_dir, sizeof log_dir, "%s", env_or("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"));
     snprintf(pid_file, sizeof pid_file, "%s/nvidia-cuda-mps-control.pid", pipe_dir);

@@ -4,8 +4,10 @@
  * pynvml binding and go-nvml (nvidia-ctk) run their production paths against C-level semantics that a
  * Python fake reproduces only by construction: the nvmlNvlinkVersion_t enum, GPU_IS_LOST from event waits
  * and every per-device call of a lost GPU, event GI/CI ids (0xFFFFFFFF = whole GPU), GPU-instance ids fixed
- * by placement, compute-instance profile ids that differ from their index, NOT_SUPPORTED with MIG off,
- * and the GPU recovery-action field.
+ * by placement as on real GPUs, NOT_SUPPORTED with MIG off (placements excepted), the GPU recovery-action
+ * field, whole-word struct versions, NO_PERMISSION for unprivileged MIG changes, IN_USE while a registered
+ * process (the MPS server stand-in) runs on a compute instance, and MIG device indices with holes.  It is as
+ * strict as nvml.h: no switch makes it lenient; its inputs are facts a host has (privilege, MIG mode, faults).
  *
  * Inputs (see docs/real-node.md): the config JSON (TOPODRA_NVML_STANDIN_CONFIG, else nvml-standin.json next
  * to this library), the faults file it names (re-read when it changes, same format as FakeNvml's), and a
@@ -13,6 +15,7 @@
  * process, so every process of the node shares it under flock.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -61,6 +64,7 @@ static char config_dir[PATH_MAX];
 static char faults_path[PATH_MAX];
 static char state_path[PATH_MAX];
 static char caps_dir[PATH_MAX];
+static char procs_dir[PATH_MAX];
 static int init_count;
 static int ngpus;
 static const jval *gpus[MAX_GPUS];
@@ -134,6 +138,9 @@ static nvmlReturn_t load_config(void) {
     resolve(state_path, se && *se ? se : json_str(config, "stateFile", NULL));
     const char *ce = getenv("TOPODRA_NVML_STANDIN_CAPS");
     resolve(caps_dir, ce && *ce ? ce : json_str(config, "capabilitiesDir", NULL));
+    /* Where the MPS server stand-in registers itself (mps.c: <its dir>/../lib/x86_64-linux-gnu/ in a tree). */
+    const char *pe = getenv("TOPODRA_NVML_STANDIN_PROCESSES");
+    resolve(procs_dir, pe && *pe ? pe : "nvml-standin-processes");
     const jval *list = json_get(config, "gpus");
     ngpus = 0;
     if (list && list->type == J_ARR)
@@ -227,7 +234,7 @@ static int event_count(void) {
 
 /* ---------------------------------------------------------------------------------------------- state */
 
-struct ci_state { int id, profile_id, slices; };
+struct ci_state { int id, profile_id, slices, mig_index; }; /* mig_index: its MIG device index */
 struct gi_state { int id, profile_id, start, size, slices, sms; int nci; struct ci_state ci[MAX_CIS]; };
 struct gpu_state { int ngi; struct gi_state gi[MAX_GIS]; int compute_mode; int timeslice; };
 static struct gpu_state mem_state[MAX_GPUS];
@@ -256,11 +263,11 @@ static nvmlReturn_t state_begin(void) {
         if (sscanf(line, "gi %127s %d %d %d %d %d %d", uuid, &a, &b, &c, &d, &e, &g) == 7) {
             int i = uuid_index(uuid);
             if (i >= 0 && state[i].ngi < MAX_GIS) state[i].gi[state[i].ngi++] = (struct gi_state){a, b, c, d, e, g, 0, {{0}}};
-        } else if (sscanf(line, "ci %127s %d %d %d %d", uuid, &a, &b, &c, &d) == 5) {
+        } else if (sscanf(line, "ci %127s %d %d %d %d %d", uuid, &a, &b, &c, &d, &e) == 6) {
             int i = uuid_index(uuid);
             for (int k = 0; i >= 0 && k < state[i].ngi; k++) {
                 struct gi_state *gi = &state[i].gi[k];
-                if (gi->id == a && gi->nci < MAX_CIS) gi->ci[gi->nci++] = (struct ci_state){b, c, d};
+                if (gi->id == a && gi->nci < MAX_CIS) gi->ci[gi->nci++] = (struct ci_state){b, c, d, e};
             }
         } else if (sscanf(line, "mode %127s %d %d", uuid, &a, &b) == 3) {
             int i = uuid_index(uuid);
@@ -292,7 +299,8 @@ static nvmlReturn_t state_end(int write) {
                 fprintf(f, "gi %s %d %d %d %d %d %d\n", uuid, gi->id, gi->profile_id, gi->start, gi->size, gi->slices,
                         gi->sms);
                 for (int c = 0; c < gi->nci; c++)
-                    fprintf(f, "ci %s %d %d %d %d\n", uuid, gi->id, gi->ci[c].id, gi->ci[c].profile_id, gi->ci[c].slices);
+                    fprintf(f, "ci %s %d %d %d %d %d\n", uuid, gi->id, gi->ci[c].id, gi->ci[c].profile_id,
+                            gi->ci[c].slices, gi->ci[c].mig_index);
             }
         }
         if (f && (fclose(f) != 0 || rename(tmp, state_path) != 0)) rc = NVML_ERROR_NO_PERMISSION;
@@ -343,6 +351,76 @@ static nvmlReturn_t mig_gpu(nvmlDevice_t h, int *index) {
     nvmlReturn_t rc = whole_gpu(h, index);
     if (rc) return rc;
     return mig_enabled(*index) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Whether NVML's device supports MIG at all (nvmlDeviceGetMigMode answers), whatever its mode. */
+static int mig_capable(int index) {
+    const jval *mode;
+    return answer(gpus[index], "migMode", &mode) == NVML_SUCCESS;
+}
+
+/* nvml.h marks the MIG create, destroy, placement and capacity calls "Requires privileged user." and lists
+ * "NVML_ERROR_NO_PERMISSION     If user doesn't have permission to perform the operation".  Privileged is what
+ * it is on a host: root, or a user the driver's MIG config capability is readable by
+ * (/proc/driver/nvidia/capabilities/mig/config, mode 0400 root as the driver makes it; an admin may grant it).
+ * No switch turns this off. */
+static int privileged(void) {
+    if (geteuid() == 0) return 1;
+    if (!caps_dir[0]) return 0;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/mig/config", caps_dir);
+    return euidaccess(path, R_OK) == 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- processes */
+
+/* Processes with a GPU context, as the MPS server stand-in (mps.c) registers them: one file per process in
+ * procs_dir, named by its pid, holding "devices <CUDA_VISIBLE_DEVICES>" and flock'ed by it for its life, so a
+ * process that died (even by kill -9) is seen gone at once.  A device is a GPU or MIG UUID, an index, or
+ * "all" (CUDA_VISIBLE_DEVICES unset). */
+#define MAX_PROCS 64
+#define MAX_PROC_DEVS 8
+struct gpu_proc { unsigned int pid; int ndev; char dev[MAX_PROC_DEVS][96]; };
+
+static int live_procs(struct gpu_proc *out, int max) {
+    int n = 0;
+    DIR *d = procs_dir[0] ? opendir(procs_dir) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < max) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue; /* ".", "..", a registration not renamed yet */
+        char path[PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s", procs_dir, e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_SH | LOCK_NB) == 0) { close(fd); continue; } /* its holder is gone */
+        FILE *f = fdopen(fd, "r");
+        if (!f) { close(fd); continue; }
+        struct gpu_proc *p = &out[n];
+        memset(p, 0, sizeof *p);
+        p->pid = (unsigned int)strtoul(e->d_name, NULL, 10);
+        char line[1024];
+        if (fgets(line, sizeof line, f) && !strncmp(line, "devices ", 8)) {
+            for (char *t = strtok(line + 8, ", \n"); t && p->ndev < MAX_PROC_DEVS; t = strtok(NULL, ", \n"))
+                snprintf(p->dev[p->ndev++], sizeof p->dev[0], "%s", t);
+            n++;
+        }
+        fclose(f);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static void mig_uuid(int gpu, int gi, int ci, char *out, size_t len);
+
+/* Whether process p runs on MIG device (gpu, gi, ci), or, with gi < 0, on the whole GPU gpu. */
+static int proc_on(const struct gpu_proc *p, int gpu, int gi, int ci) {
+    char want[96], idx[16];
+    if (gi >= 0) mig_uuid(gpu, gi, ci, want, sizeof want);
+    else snprintf(want, sizeof want, "%s", json_str(gpus[gpu], "uuid", "?"));
+    snprintf(idx, sizeof idx, "%d", gpu);
+    for (int k = 0; k < p->ndev; k++)
+        if (!strcmp(p->dev[k], want) || (gi < 0 && (!strcmp(p->dev[k], "all") || !strcmp(p->dev[k], idx)))) return 1;
+    return 0;
 }
 
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
@@ -432,13 +510,31 @@ static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *out) {
 API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *out) { LOCKED(handle_by_index(index, out)); }
 API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *out) { LOCKED(handle_by_index(index, out)); }
 
+static struct standin_handle *mig_handle(int gpu, int gi, int ci);
+
+/* nvml.h, nvmlDeviceGetHandleByUUID: "uuid  The UUID of the target GPU or MIG instance" and "device  Reference
+ * in which to return the device handle or MIG device handle". */
 static nvmlReturn_t handle_by_uuid(const char *uuid, nvmlDevice_t *out) {
     nvmlReturn_t rc = live();
     if (rc) return rc;
     if (!uuid || !out) return NVML_ERROR_INVALID_ARGUMENT;
     int i = uuid_index(uuid);
-    if (i < 0) return NVML_ERROR_NOT_FOUND;
-    return handle_by_index((unsigned int)i, out);
+    if (i >= 0) return handle_by_index((unsigned int)i, out);
+    if (strncmp(uuid, "MIG-", 4)) return NVML_ERROR_NOT_FOUND;
+    rc = state_begin();
+    int found = 0;
+    for (int g = 0; !rc && g < ngpus && !found; g++)
+        for (int k = 0; k < state[g].ngi && !found; k++)
+            for (int c = 0; c < state[g].gi[k].nci && !found; c++) {
+                char u[96];
+                mig_uuid(g, state[g].gi[k].id, state[g].gi[k].ci[c].id, u, sizeof u);
+                if (!strcmp(u, uuid) && !gpu_faults(g).lost) {
+                    *out = mig_handle(g, state[g].gi[k].id, state[g].gi[k].ci[c].id);
+                    found = 1;
+                }
+            }
+    nvmlReturn_t rc2 = state_end(0);
+    return rc ? rc : rc2 ? rc2 : found ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *out) { LOCKED(handle_by_uuid(uuid, out)); }
 
@@ -489,25 +585,28 @@ API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus, nvmlDevice_t *ou
 
 /* ---------------------------------------------------------------------------------------------- MIG ids */
 
-/* GPU-instance ids are fixed by the placement, as on A100/H100: the 8 memory slices form a binary tree
- * numbered from the root (size 8 -> GI 0, size 4 at 0/4 -> 1/2, size 2 at 0..6 -> 3..6, size 1 -> 7..14). */
+/* GPU-instance ids are fixed by the placement on A100/H100: the 8 memory slices form a binary tree numbered
+ * level by level from the root, the upper half of each level first.  nvml.h says only "GPU instance IDs are
+ * unique per device and remain valid until the GPU instance is destroyed"; the numbers are what nvidia-smi
+ * prints on real GPUs (`nvidia-smi mig -lgi`): A100 3g.20gb at 4:4 is GI 1 and at 0:4 GI 2 (the MIG user
+ * guide's example, e.g. seansiddens/mps-test README.md); H100 1g.10gb at 4:1, 5:1, 6:1 are GI 7, 8, 9 and at
+ * 0:1..3:1 GI 11..14.  Size 8 is GI 0; size 2 follows the same rule (4:2 -> 3, 6:2 -> 4, 0:2 -> 5, 2:2 -> 6),
+ * inferred, not seen. */
 static int gi_id_for(int start, int size) {
-    switch (size) {
-    case 8: return 0;
-    case 4: return 1 + start / 4;
-    case 2: return 3 + start / 2;
-    case 1: return 7 + start;
-    default: return 15 + start; /* sizes no profile declares */
-    }
+    if (size != 8 && size != 4 && size != 2 && size != 1) return 15 + start; /* sizes no profile declares */
+    int nodes = 8 / size;                                                 /* placements of this size */
+    return nodes - 1 + (start / size + nodes / 2) % nodes;
 }
 
-/* Compute-instance profile ids differ from their index here, on purpose: nvml.h documents profileId as the
- * id that nvmlGpuInstanceGetComputeInstanceProfileInfo returns, never the NVML_COMPUTE_INSTANCE_PROFILE_*
- * index (config "ciProfileIdBase", default 0x20). */
+/* Compute-instance profile ids: on A100/H100 the id nvmlGpuInstanceGetComputeInstanceProfileInfo returns for
+ * NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE equals that index (`nvidia-smi mig -cgi 9 -C`: "using profile MIG
+ * 3g.20gb (ID  2)", the 3-slice index; NVIDIA/go-nvml pkg/nvml/mock/gpus/a100.go declares Id =
+ * COMPUTE_INSTANCE_PROFILE_*).  nvml.h does not promise it, so a profile may set "ciProfileIdBase" to model a
+ * GPU where they differ. */
 static const int ci_index_slices[] = {1, 2, 3, 4, 7, 8, 6};
 #define CI_INDEXES ((int)(sizeof ci_index_slices / sizeof ci_index_slices[0]))
 
-static int ci_profile_base(void) { return (int)json_int(config, "ciProfileIdBase", 0x20); }
+static int ci_profile_base(void) { return (int)json_int(config, "ciProfileIdBase", 0); }
 
 static const jval *gi_profile(int gpu, const char *key, long long want) {
     const jval *list = json_get(gpus[gpu], "migProfiles");
@@ -664,7 +763,10 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *m) { LOCK
 static nvmlReturn_t memory_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) {
     unsigned long long total;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    if (m->version >> 24 != 2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    /* nvml.h: "#define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)", and NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+     * is "The provided version is invalid/unsupported" (the call's own list is silent): the whole word, so a
+     * version 2 with another struct's size is refused too. */
+    if (m->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlReturn_t rc = memory(h, &total);
     if (!rc) { m->total = total; m->reserved = 0; m->free = total; m->used = 0; }
     return rc;
@@ -782,8 +884,10 @@ static nvmlReturn_t fabric(nvmlDevice_t h, void *ptr, int versioned) {
     }
     if (api < 2) return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlGpuFabricInfoV_t *o = ptr;
-    unsigned int ver = o->version >> 24;
-    if (ver < 2 || ver > 3 || (int)ver > api) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    /* nvml.h: "#define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(GpuFabricInfo, 2)" (and _v3): the whole word;
+     * NVML_ERROR_ARGUMENT_VERSION_MISMATCH is "The provided version is invalid/unsupported". */
+    unsigned int ver = o->version == nvmlGpuFabricInfo_v2 ? 2 : o->version == nvmlGpuFabricInfo_v3 ? 3 : 0;
+    if (!ver || (int)ver > api) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memcpy(o->clusterUuid, uuid, 16);
     o->status = (nvmlReturn_t)json_int(f, "status", 0);
     o->cliqueId = (unsigned int)json_int(f, "cliqueId", 0);

@@ -136,10 +136,59 @@ typedef struct {
     unsigned int cliqueId;
     unsigned int state;
     unsigned int healthMask;
-    unsigned char healthSummary; /* v3 only */
-} nvmlGpuFabricInfoV_t;
+} nvmlGpuFabricInfo_v2_t;
 
-#define NVML_STRUCT_VERSION(size, ver) ((unsigned int)(size) | ((unsigned int)(ver) << 24U))
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+typedef nvmlGpuFabricInfo_v3_t nvmlGpuFabricInfoV_t;
+
+/* nvmlProcessInfo_t (the _v2/_v3 process calls' element; not versioned) and the versioned detail list. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int mode; /* nvmlProcessMode_t */
+    unsigned int numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_v1_t;
+
+#define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
+#define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(GpuFabricInfo, 2)
+#define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(GpuFabricInfo, 3)
+#define nvmlGpuInstanceProfileInfo_v2 NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)
+#define nvmlGpuInstanceProfileInfo_v3 NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 3)
+#define nvmlComputeInstanceProfileInfo_v2 NVML_STRUCT_VERSION(ComputeInstanceProfileInfo, 2)
+#define nvmlComputeInstanceProfileInfo_v3 NVML_STRUCT_VERSION(ComputeInstanceProfileInfo, 3)
+#define nvmlProcessDetailList_v1 NVML_STRUCT_VERSION(ProcessDetailList, 1)
+
+#define NVML_PROCESS_MODE_COMPUTE 0
+#define NVML_PROCESS_MODE_ALL 3
+#define NVML_PROCESS_MODE_MAX 4
+#define NVML_VALUE_NOT_AVAILABLE_ULL (~0ULL)
+
+/* nvml.h: "#define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml ## data ## _v ## ver ## _t) |
+ * (ver << 24U))": the whole word is the version, the struct's size in the low bits. */
+#define NVML_STRUCT_VERSION(data, ver) ((unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((unsigned int)(ver) << 24U)))
 
 /* nvmlEventType* bits */
 #define NVML_EVENT_SINGLE_BIT_ECC 0x1ULL
@@ -149,5 +198,18 @@ typedef struct {
 #define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
 #define NVML_VALUE_INVALID_ID 0xFFFFFFFFu /* GI/CI id of an event that concerns the whole GPU */
+
+/* The layouts above must be nvml.h's, byte for byte: the version words the callers pass say their sizes
+ * (pynvml: nvmlMemory_v2 = 0x02000028, nvmlGpuInstanceProfileInfo_v2 = 0x02000098,
+ * nvmlComputeInstanceProfileInfo_v2 = 0x02000088, nvmlProcessDetailList_v1 = 0x1000018). */
+_Static_assert(sizeof(nvmlMemory_v2_t) == 0x28, "nvmlMemory_v2_t");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v2_t) == 0x98, "nvmlGpuInstanceProfileInfo_v2_t");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v3_t) == 0x98, "nvmlGpuInstanceProfileInfo_v3_t");
+_Static_assert(sizeof(nvmlComputeInstanceProfileInfo_v2_t) == 0x88, "nvmlComputeInstanceProfileInfo_v2_t");
+_Static_assert(sizeof(nvmlComputeInstanceProfileInfo_v3_t) == 0x8C, "nvmlComputeInstanceProfileInfo_v3_t");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 0x24, "nvmlGpuFabricInfo_v2_t");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 0x28, "nvmlGpuFabricInfo_v3_t");
+_Static_assert(sizeof(nvmlProcessDetailList_v1_t) == 0x18, "nvmlProcessDetailList_v1_t");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 0x18, "nvmlProcessInfo_t");
 
 #endif

@@ -68,9 +68,15 @@ class GpuEffect(Protocol):
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         """Why this plugin could not undo the claim (then unprepare keeps it), or None."""
 
+    def remove_strays(self, data: CheckpointData, devices: Devices) -> list[str]:
+        """At start, remove what this effect made that no entry of ``data`` records (what a crash left); what
+        went, for logs.  Called in reverse effect order, as undo is: a later effect's state may hold an earlier
+        one's in use (an MPS server on a MIG compute instance makes NVML refuse its destroy with IN_USE), so
+        it goes first.  Never raises: a failure is logged, and the next start tries again."""
+
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
-        """At start, make node state and ``data`` agree: remove what no entry records, re-make what an
-        entry records and is gone (after a reboot).  Never raises."""
+        """At start, after every effect's ``remove_strays``: re-make what an entry records and is gone (after a
+        reboot), in effect order (a later effect uses what an earlier one re-made).  Never raises."""
 
 
 def sharing_of(entry: ClaimEntry, strategy: str) -> list[CheckpointDevice]:

@@ -9,7 +9,7 @@ intent journal (``migjournal``) is what lets recovery tell topodra's unrecorded 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimError, ClaimRef
@@ -135,23 +135,51 @@ class MigEffect:
             return f"claim {entry.ref}: has MIG instances, but this plugin has no NVML access to destroy them"
         return None
 
+    @staticmethod
+    def _recorded(data: CheckpointData) -> list[MigInstance]:
+        return [d.mig for e in data.claims.values() for d in e.devices if d.mig is not None]
+
+    def _parents(self, recorded: Sequence[MigInstance], intents: Collection[PlacementKey],
+                 devices: Devices) -> list[str]:
+        return sorted({str(d.attributes["parentUUID"].value) for d in devices.values()
+                       if d.kind == "mig" and "parentUUID" in d.attributes}
+                      | {r.parent_uuid for r in recorded} | {k[0] for k in intents})
+
+    def remove_strays(self, data: CheckpointData, devices: Devices) -> list[str]:
+        """Destroy instances topodra made (journalled) that no entry records; leave everyone else's.  Last of
+        all effects, after the MPS daemons that may run on them are stopped."""
+        if self.instances is None:
+            return []
+        recorded, intents = self._recorded(data), self.journal.keys()
+        parents = self._parents(recorded, intents, devices)
+        if not parents:
+            return []
+        try:
+            stray, _foreign = self.instances.reconcile(parents, recorded, intents)
+        except Exception as e:  # NVML failed (any NVMLError): prepared claims keep working; next start retries
+            log.error("cannot reconcile MIG instances: %s", e)
+            return []
+        return [f"{i.parent_uuid}/{i.gpu_instance}" for i in stray]
+
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
-        """Destroy instances topodra made (journalled) that no entry records; leave everyone else's;
-        re-create recorded ones that are gone."""
+        """Re-create recorded instances that are gone; settle the journal once no stray is left."""
         if self.instances is None:
             return Recovered(data)
-        recorded = [d.mig for e in data.claims.values() for d in e.devices if d.mig is not None]
-        intents = self.journal.keys()
-        parents = sorted({str(d.attributes["parentUUID"].value) for d in devices.values()
-                          if d.kind == "mig" and "parentUUID" in d.attributes}
-                         | {r.parent_uuid for r in recorded} | {k[0] for k in intents})
+        recorded, intents = self._recorded(data), self.journal.keys()
+        parents = self._parents(recorded, intents, devices)
         if not parents:
             return Recovered(data)
         try:
-            stray, _foreign = self.instances.reconcile(parents, recorded, intents)
-            present = {i.key for i in self.instances.existing(parents)}
+            existing = self.instances.existing(parents)
         except Exception as e:  # NVML failed (any NVMLError): prepared claims keep working; next start retries
-            log.error("cannot reconcile MIG instances: %s", e)
+            log.error("cannot list MIG instances: %s", e)
+            return Recovered(data)
+        present = {i.key for i in existing}
+        keep, mine = {r.key for r in recorded}, set(intents)
+        left = [i for i in existing if i.key not in keep and i.placement_key in mine]
+        if left:  # remove_strays failed: their intents stay, so the next start destroys them
+            log.error("MIG instances no entry records are still there (the next start retries): %s",
+                      [f"{i.parent_uuid}/{i.gpu_instance}" for i in left])
             return Recovered(data)
         # Settled: the journal now holds exactly the recorded instances that exist (those of a checkpoint
         # written before the journal existed join it, so their unprepare is covered too).
@@ -170,4 +198,4 @@ class MigEffect:
                 continue
             data = data.with_claim(fresh)
             remade.append(entry.uid)
-        return Recovered(data, [f"{i.parent_uuid}/{i.gpu_instance}" for i in stray], remade)
+        return Recovered(data, [], remade)

@@ -135,15 +135,19 @@ class MpsEffect:
             self._sweep_due = True
         return deleted
 
-    def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
-        """Stop daemons no prepared claim records; start recorded ones that are not running (after a reboot)."""
+    def remove_strays(self, data: CheckpointData, devices: Devices) -> list[str]:
+        """Stop daemons no prepared claim records (first of all effects: their servers hold MIG instances)."""
         try:
             stray = self.daemons.reconcile(e.uid for e in data.claims.values() if self._uuids(e, devices))
         except MpsError as e:
             log.error("cannot stop stray MPS daemons: %s", e)
-            stray = []
+            return []
         if stray:
             log.warning("stopped MPS daemons of claims no checkpoint entry records: %s", stray)
+        return stray
+
+    def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
+        """Start recorded daemons that are not running (after a reboot)."""
         remade: list[str] = []
         for entry in data.claims.values():
             uuids, limits, exclusive = self._daemon_args(entry, devices)
@@ -156,4 +160,4 @@ class MpsEffect:
                     remade.append(entry.uid)
             except MpsError as e:
                 log.error("claim %s: %s", entry.ref, e)
-        return Recovered(data, stray, remade)
+        return Recovered(data, [], remade)

@@ -106,6 +106,10 @@ class TimeSliceEffect:
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         return None
 
+    def remove_strays(self, data: CheckpointData, devices: Devices) -> list[str]:
+        """Nothing of its own to tear down first: ``recover`` sets every level to what ``data`` asks."""
+        return []
+
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         """Levels set by a prepare that crashed before its checkpoint write, or left by a crashed unprepare,
         go back; a GPU whose level cannot be read and should be Default is left alone."""

@@ -93,7 +93,8 @@ class GpuFacts(BaseModel):
     numaNodeId: int | NvmlErr = NvmlErr(error="NotSupported")
     nvlinks: list[LinkFacts] | NvmlErr = NvmlErr(error="NotSupported")
     fabric: FabricFacts | NvmlErr = NvmlErr(error="NotSupported")
-    migProfiles: list[MigProfileFacts] = Field(default_factory=list)  # answered while MIG mode is enabled
+    # A MIG GPU's profiles: their info is answered while MIG mode is enabled, their placements whatever the mode.
+    migProfiles: list[MigProfileFacts] = Field(default_factory=list)
 
 
 class NvmlFacts(BaseModel):

@@ -255,7 +255,11 @@ class FakeMig:
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, h: Any, profile_id: int, placements: Any, count_ref: Any
     ) -> int:
-        g, _ = self._mig_gpu(h)
+        """nvml.h: "all the possible placements for the given profile regardless of whether MIG is enabled or
+        not"; NotSupported only for a GPU without MIG."""
+        g = self._gpu(h)
+        if not isinstance(g.migMode, tuple):
+            raise _err("NotSupported")
         p = self._profile(g, pid=int(profile_id))
         count = _deref(count_ref)
         if placements is None:

@@ -91,7 +91,7 @@ class GpuModel(_Model):
     pciDeviceId: int = 0
     mig: bool
     migEnabled: bool = False  # MIG mode on (admins set it; the driver never toggles it)
-    migProfiles: list[MigProfileFacts] = Field(default_factory=list)  # GPU-instance profiles with MIG on
+    migProfiles: list[MigProfileFacts] = Field(default_factory=list)  # GPU-instance profiles of a MIG GPU
     nvlink: NvlinkSpec | None = None
     fabric: Literal["notSupported", "stateNotSupported", "singleNode", "multiNode"] = "notSupported"
 
@@ -265,7 +265,7 @@ def build_facts(profile: Profile, node: str, hidden: frozenset[int], fabric: Fab
                 architecture=g.architecture,
                 computeCapability=g.computeCapability,
                 migMode=((1, 1) if g.migEnabled else (0, 0)) if g.mig else NOT_SUPPORTED,
-                migProfiles=list(g.migProfiles) if g.migEnabled else [],
+                migProfiles=list(g.migProfiles) if g.mig else [],  # placements answer with MIG off too
                 numaNodeId=place.numa if g.fabric == "multiNode" else NOT_SUPPORTED,
                 nvlinks=nvlinks,
                 fabric=fab,

@@ -97,8 +97,9 @@ def test_mig_instances_create_and_destroy_through_nvml(tmp_path: Path) -> None:
                  "existing": existing, "destroyed": mig.destroy(inst), "again": mig.destroy(inst),
                  "after": mig.existing([parent])})
     """))
-    assert got == {"inst": [10, 0, True], "nodes": ["/dev/nvidia-caps/nvidia-cap93", "/dev/nvidia-caps/nvidia-cap94"],
-                   "existing": [[10, 0]], "destroyed": True, "again": False, "after": []}  # fmt: skip
+    # 1g at 3:1 is GPU instance 14 on A100/H100 (`nvidia-smi mig -lgi`); minors 3 + 9 * 14 (+ 0 + 1).
+    assert got == {"inst": [14, 0, True], "nodes": ["/dev/nvidia-caps/nvidia-cap129", "/dev/nvidia-caps/nvidia-cap130"],
+                   "existing": [[14, 0]], "destroyed": True, "again": False, "after": []}  # fmt: skip
 
 
 def test_mig_destroy_when_mig_is_off_counts_as_gone(tmp_path: Path) -> None:
@@ -122,18 +123,18 @@ def test_mig_capability_files_come_and_go_with_instances(tmp_path: Path) -> None
         import os
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(1)
-        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 14, place(2, 2))  # 2g.20gb at slice 2: GI 4
-        info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, CI_2, 0)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(2, 1))  # 1g.10gb at slice 2: GI 13
+        info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, CI_1, 0)
         ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
-        base = TREE + "/proc/driver/nvidia/capabilities/gpu1/mig/gi4"
+        base = TREE + "/proc/driver/nvidia/capabilities/gpu1/mig/gi13"
         made = [open(base + "/access").read(), open(base + "/ci0/access").read()]
         pynvml.nvmlComputeInstanceDestroy(ci)
         pynvml.nvmlGpuInstanceDestroy(gi)
         out({"made": made, "left": os.path.exists(base)})
     """)
     # Minors as /proc/driver/nvidia-caps/mig-minors numbers them: 3 + 135 * gpu + 9 * gi (+ ci + 1).
-    assert got == {"made": ["DeviceFileMinor: 174\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
-                            "DeviceFileMinor: 175\nDeviceFileMode: 292\nDeviceFileModify: 1\n"], "left": False}
+    assert got == {"made": ["DeviceFileMinor: 255\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+                            "DeviceFileMinor: 256\nDeviceFileMode: 292\nDeviceFileModify: 1\n"], "left": False}
     assert (caps / "mig/config").read_text().startswith("DeviceFileMinor: 1\n")
     minors = (tree / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines()
-    assert "gpu1/gi4/access 174" in minors and "gpu1/gi4/ci0/access 175" in minors
+    assert "gpu1/gi13/access 255" in minors and "gpu1/gi13/ci0/access 256" in minors

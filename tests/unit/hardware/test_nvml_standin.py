@@ -1,7 +1,9 @@
 """The real pynvml binding against the C NVML stand-in, loaded from a driver tree by absolute path.
 
 These pin the NVML semantics that topodra's Python FakeNvml gets wrong (issue 19, docs/real-node.md): each
-assertion is what nvml.h documents, so a failure here means the stand-in or the loader is wrong, never
+assertion is what nvml.h (NVIDIA/go-nvml pkg/nvml/nvml.h, quoted where a rule rests on it) documents, or,
+where the header is silent, what real GPUs answer (`nvidia-smi` transcripts) or NVIDIA's own code does; never
+a value the stand-in or a mock profile chose.  A failure here means the stand-in or the loader is wrong, never
 that a fake should be changed to agree with topodra.
 """
 
@@ -222,6 +224,9 @@ def test_polled_faults_links_and_clock_reasons(tmp_path: Path) -> None:
 
 
 def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
+    """Ids are real GPUs': GPU-instance ids as `nvidia-smi mig -lgi` prints them on A100/H100 (3g at 4:4 is GI 1,
+    1g at 3:1 is GI 14), and a compute-instance profile's id equals its NVML_COMPUTE_INSTANCE_PROFILE_* index
+    (`nvidia-smi mig -cgi 9 -C`: "using profile MIG 3g.20gb (ID  2)"; NVIDIA/go-nvml pkg/nvml/mock/gpus/a100.go)."""
     tree = driver_tree(tmp_path, "dgx-a100-80gb-mig")
     got = run_py(tree, """
         pynvml.nvmlInit()
@@ -244,10 +249,9 @@ def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
         r["bad_profile"] = err(create, 77, 0, 1)
         big = create(9, 4, 4)  # 3g.40gb in the upper half
         r["big_id"] = pynvml.nvmlGpuInstanceGetInfo(big).id
-        ci_info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+        ci_info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, CI_1,
                                                                       pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
         r["ci_profile"] = [ci_info.id, ci_info.sliceCount]
-        r["ci_by_index"] = err(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, CI_1)
         ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
         c = pynvml.nvmlComputeInstanceGetInfo(ci)
         r["ci"] = [c.id, c.profileId, pynvml.nvmlGpuInstanceGetInfo(c.gpuInstance).id]
@@ -257,11 +261,13 @@ def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
                     pynvml.nvmlDeviceGetComputeInstanceId(m), pynvml.nvmlDeviceGetMemoryInfo(m).total >> 20,
                     pynvml.nvmlDeviceGetName(m), pynvml.nvmlDeviceGetMaxMigDeviceCount(h)]
         r["second_mig"] = err(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 1)
+        # nvml.h, nvmlGpuInstanceDestroy: "NVML_ERROR_IN_USE If the GPU instance is in use. This error would be
+        # returned if processes (e.g. CUDA application) or compute instances are active on the GPU instance."
         r["in_use"] = err(pynvml.nvmlGpuInstanceDestroy, gi)
         pynvml.nvmlComputeInstanceDestroy(ci)
         pynvml.nvmlGpuInstanceDestroy(gi)
-        r["gone"] = err(pynvml.nvmlDeviceGetGpuInstanceById, h, 10)
-        r["kept"] = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, 2)).profileId
+        r["gone"] = err(pynvml.nvmlDeviceGetGpuInstanceById, h, 14)
+        r["kept"] = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, 1)).profileId
         full = pynvml.nvmlDeviceGetHandleByIndex(1)
         r["whole_gpu_gi"] = pynvml.nvmlGpuInstanceGetInfo(
             pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(full, 0, place(0, 8))).id
@@ -271,22 +277,37 @@ def test_mig_instances_ids_profiles_and_errors(tmp_path: Path) -> None:
         "profile": [19, "MIG 1g.10gb", 1, 9728],
         "placements": [[i, 1] for i in range(7)],
         "probe": ["NotSupported", "NotSupported", "InvalidArgument"],
-        "gi_id": 10,  # fixed by placement: 1-slice instances at memory slices 0..6 are GI 7..13
+        "gi_id": 14,  # `nvidia-smi mig -lgi` on H100: 1g.10gb at 3:1 is GPU instance 14
         "overlap": "InsufficientResources",
         "bad_placement": "InvalidArgument",
         "bad_profile": "InvalidArgument",
-        "big_id": 2,
-        "ci_profile": [0x20, 1],  # an id of its own, not NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE (0)
-        "ci_by_index": "InvalidArgument",
-        "ci": [0, 0x20, 10],
+        "big_id": 1,  # the MIG user guide's A100 example: 3g.20gb at 4:4 is GPU instance 1 (and at 0:4 is 2)
+        "ci_profile": [0, 1],  # id == NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE (0), as on A100/H100
+        "ci": [0, 0, 14],
         "ci_too_big": "NotSupported",
-        "mig": [True, 10, 0, 9728, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 7],
+        "mig": [True, 14, 0, 9728, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 7],
         "second_mig": "NotFound",
         "in_use": "InUse",
         "gone": "NotFound",
         "kept": 9,
         "whole_gpu_gi": 0,
     }
+
+
+def test_gpu_instance_ids_are_the_ones_real_gpus_give_each_placement(tmp_path: Path) -> None:
+    """`nvidia-smi mig -lgi` on an H100 with seven 1g.10gb instances: placements 4:1, 5:1, 6:1 are GI 7, 8, 9 and
+    0:1 .. 3:1 are GI 11 .. 14; on an A100 (MIG user guide) 3g.20gb at 0:4 is GI 2 and at 4:4 GI 1; the whole
+    GPU (7g, 0:8) is GI 0."""
+    tree = driver_tree(tmp_path, "dgx-h100-mig")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        def ids(i, pid, starts, size):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            return [pynvml.nvmlGpuInstanceGetInfo(
+                pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, place(s, size))).id for s in starts]
+        out({"1g": ids(0, 19, range(7), 1), "3g": ids(1, 9, (0, 4), 4), "7g": ids(2, 0, (0,), 8)})
+    """)
+    assert got == {"1g": [11, 12, 13, 14, 7, 8, 9], "3g": [2, 1], "7g": [0]}
 
 
 def test_mig_instances_outlive_the_process_that_made_them(tmp_path: Path) -> None:
@@ -300,11 +321,11 @@ def test_mig_instances_outlive_the_process_that_made_them(tmp_path: Path) -> Non
     seen = run_py(tree, """
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(5)
-        gi = pynvml.nvmlDeviceGetGpuInstanceById(h, 13)
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(h, 9)
         i = pynvml.nvmlGpuInstanceGetInfo(gi)
         out([i.profileId, i.placement.start, i.placement.size])
     """)
-    assert made == 13 and seen == [19, 6, 1]
+    assert made == 9 and seen == [19, 6, 1]  # 1g at 6:1 is GI 9 on H100 (`nvidia-smi mig -lgi`)
     # The tree builder starts a fresh tree without instances.
     driver_tree(tmp_path, "dgx-h100-mig")
     assert not (lib_dir(tree) / "nvml-standin.state").exists()
@@ -363,3 +384,233 @@ def test_stand_in_without_config_fails_init_cleanly(tmp_path: Path) -> None:
         out(err(pynvml.nvmlInit))
     """)
     assert got == "DriverNotLoaded"
+
+
+def test_versioned_structs_are_checked_by_the_whole_version_word(tmp_path: Path) -> None:
+    """nvml.h: "#define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml ## data ## _v ## ver ## _t) |
+    (ver << 24U))": the version word carries the struct's size, so the right version byte with another size is
+    refused, with the error the call documents: "NVML_ERROR_INVALID_ARGUMENT  If device, profile, info, or
+    info->version are invalid" (the profile-info V calls), "... plist->version is invalid" (the process detail
+    list), and NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "The provided version is invalid/unsupported", where the
+    call lists none (memory _v2, fabric V).  The good words are pynvml's constants, i.e. nvml.h's sizes."""
+    tree = driver_tree(tmp_path, "dgx-h100-mig")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        fn = pynvml._nvmlGetFunctionPointer
+        def call(name, struct, word, *args):
+            s = struct()
+            s.version = word
+            rc = fn(name)(*args, ctypes.byref(s))
+            return "Success" if rc == 0 else type(pynvml.NVMLError(rc)).__name__.removeprefix("NVMLError_")
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(0, 1))
+        class Fabric(ctypes.Structure):  # nvmlGpuFabricInfo_v3_t: v2 plus healthSummary
+            _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_uint),
+                        ("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint),
+                        ("healthSummary", ctypes.c_ubyte)]
+        def versions(name, struct, good, *args):
+            v, size = good >> 24, good & 0xFFFFFF
+            return [call(name, struct, w, *args) for w in (good, v << 24 | (size - 4), v << 24 | (size + 8), v << 24)]
+        gip, cip = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t, pynvml.c_nvmlComputeInstanceProfileInfo_v2_t
+        class Detail(ctypes.Structure):
+            _fields_ = pynvml.c_nvmlProcessDetailList_v1_t._fields_
+        out({"memory": versions("nvmlDeviceGetMemoryInfo_v2", pynvml.c_nvmlMemory_v2_t, pynvml.nvmlMemory_v2, h),
+             "gi_profile": versions("nvmlDeviceGetGpuInstanceProfileInfoV", gip, pynvml.nvmlGpuInstanceProfileInfo_v2,
+                                    h, 0),
+             "ci_profile": versions("nvmlGpuInstanceGetComputeInstanceProfileInfoV", cip,
+                                    pynvml.nvmlComputeInstanceProfileInfo_v2, gi, 0, 0),
+             "fabric_v2": versions("nvmlDeviceGetGpuFabricInfoV", Fabric, 0x02000024, h),
+             "fabric_v3": call("nvmlDeviceGetGpuFabricInfoV", Fabric, 0x03000028, h),
+             "details": versions("nvmlDeviceGetRunningProcessDetailList", Detail, pynvml.nvmlProcessDetailList_v1, h),
+             "words": [pynvml.nvmlMemory_v2, pynvml.nvmlGpuInstanceProfileInfo_v2,
+                       pynvml.nvmlComputeInstanceProfileInfo_v2, pynvml.nvmlProcessDetailList_v1]})
+    """)
+    bad_arg, mismatch = ["Success"] + ["InvalidArgument"] * 3, ["Success"] + ["ArgumentVersionMismatch"] * 3
+    assert got == {"memory": mismatch, "gi_profile": bad_arg, "ci_profile": bad_arg, "fabric_v2": mismatch,
+                   "fabric_v3": "Success", "details": bad_arg,
+                   "words": [0x02000028, 0x02000098, 0x02000088, 0x01000018]}  # fmt: skip
+
+
+def test_placements_are_answered_whatever_the_mig_mode(tmp_path: Path) -> None:
+    """nvml.h, nvmlDeviceGetGpuInstancePossiblePlacements_v2: "This API only returns all the possible placements
+    for the given profile regardless of whether MIG is enabled or not." and "NVML_ERROR_NOT_SUPPORTED If device
+    doesn't support MIG or profileId isn't supported"; the profile-info call still wants MIG on ("If device
+    doesn't support MIG or profile isn't supported", and the V call "doesn't have MIG mode enabled")."""
+    got = {}
+    for profile in ("dgx-h100", "l40s"):
+        tree = driver_tree(tmp_path / profile, profile)
+        got[profile] = run_py(tree, """
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            arr = (pynvml.c_nvmlGpuInstancePlacement_t * 16)()
+            n = ctypes.c_uint(16)
+            r = err(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, 9, arr, ctypes.byref(n))
+            out({"mode": err(pynvml.nvmlDeviceGetMigMode, h), "placements": r,
+                 "got": [[arr[i].start, arr[i].size] for i in range(n.value)] if r == "ok" else None,
+                 "info": err(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, 2),
+                 "create": err(pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, h, 9, place(0, 4))})
+        """)
+    assert got == {
+        "dgx-h100": {"mode": "ok", "placements": "ok", "got": [[0, 4], [4, 4]], "info": "NotSupported",
+                     "create": "NotSupported"},
+        "l40s": {"mode": "NotSupported", "placements": "NotSupported", "got": None, "info": "NotSupported",
+                 "create": "NotSupported"},
+    }
+
+
+def test_mig_changes_and_placements_need_a_privileged_user(tmp_path: Path) -> None:
+    """nvml.h marks the MIG create, destroy, placement and capacity calls "Requires privileged user." with
+    "NVML_ERROR_NO_PERMISSION If user doesn't have permission to perform the operation".  An unprivileged
+    caller (not root and, as the driver makes it, unable to read the MIG config capability) is refused, and
+    nothing changes; root is served."""
+    tree = driver_tree(tmp_path, "dgx-a100-80gb-mig")
+    config = tree / "proc/driver/nvidia/capabilities/mig/config"
+    assert oct(config.stat().st_mode & 0o777) == "0o400"  # the driver's mode for it
+    got = run_py(tree, """
+        import os
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(0, 1))
+        ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        gi2 = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(1, 1))
+        config = sys.argv[1] + "/proc/driver/nvidia/capabilities/mig/config"
+        if os.geteuid() == 0:
+            os.seteuid(65534)  # root reads any file: drop root instead
+        else:
+            os.chmod(config, 0)
+        arr = (pynvml.c_nvmlGpuInstancePlacement_t * 16)()
+        n = ctypes.c_uint(16)
+        r = {"placements": err(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, 19, arr, ctypes.byref(n)),
+             "capacity": err(pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity, h, 19),
+             "create_gi": err(pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, h, 19, place(2, 1)),
+             "create_any": err(pynvml.nvmlDeviceCreateGpuInstance, h, 19),
+             "create_ci": err(pynvml.nvmlGpuInstanceCreateComputeInstance, gi2, 0),
+             "destroy_ci": err(pynvml.nvmlComputeInstanceDestroy, ci),
+             "destroy_gi": err(pynvml.nvmlGpuInstanceDestroy, gi2)}
+        if os.getuid() == 0:
+            os.seteuid(0)
+        else:
+            os.chmod(config, 0o400)
+        r["after"] = sorted(pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, i)).id
+                            for i in (11, 12))
+        r["ci_kept"] = pynvml.nvmlComputeInstanceGetInfo(ci).id
+        r["root_capacity"] = pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, 19)
+        pynvml.nvmlComputeInstanceDestroy(ci)
+        pynvml.nvmlGpuInstanceDestroy(gi)
+        pynvml.nvmlGpuInstanceDestroy(gi2)
+        out(r)
+    """)
+    assert got == {"placements": "NoPermission", "capacity": "NoPermission", "create_gi": "NoPermission",
+                   "create_any": "NoPermission", "create_ci": "NoPermission", "destroy_ci": "NoPermission",
+                   "destroy_gi": "NoPermission", "after": [11, 12], "ci_kept": 0, "root_capacity": 5}  # fmt: skip
+
+
+def test_a_user_granted_the_mig_config_capability_is_privileged(tmp_path: Path) -> None:
+    """The other half of "Requires privileged user.": a non-root user who can read the MIG config capability
+    (an admin granted it) gets the placements.  Run as root, the child drops to nobody with the capability made
+    world-readable; run as a user, the tree is theirs and the capability readable by them."""
+    import stat
+    import tempfile
+
+    tree = driver_tree(tmp_path, "dgx-a100-80gb-mig")
+    caps = Path(tempfile.mkdtemp(prefix="topodra-caps-"))  # reachable by nobody, unlike tmp_path
+    try:
+        caps.chmod(0o755)
+        (caps / "mig").mkdir(mode=0o755)
+        (caps / "mig/config").write_text("DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+        (caps / "mig/config").chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        got = run_py(tree, """
+            import os
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            if os.geteuid() == 0:
+                os.seteuid(65534)
+            arr = (pynvml.c_nvmlGpuInstancePlacement_t * 16)()
+            n = ctypes.c_uint(16)
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 9, arr, ctypes.byref(n))
+            out([os.geteuid() != 0, [[arr[i].start, arr[i].size] for i in range(n.value)]])
+        """, env={"TOPODRA_NVML_STANDIN_CAPS": str(caps)})
+    finally:
+        import shutil
+
+        shutil.rmtree(caps)
+    assert got == [True, [[0, 4], [4, 4]]]
+
+
+def test_mig_device_indices_keep_their_holes_after_a_destroy(tmp_path: Path) -> None:
+    """nvml.h, nvmlDeviceGetMigDeviceHandleByIndex: "NVML_ERROR_NOT_FOUND if no valid MIG device was found at
+    index"; NVIDIA's walk over them skips such indices up to the max count (NVIDIA/go-nvlib
+    pkg/nvlib/device/device.go, VisitMigDevices), because a destroyed MIG device leaves its index empty."""
+    tree = driver_tree(tmp_path, "dgx-h100-mig")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        made = []
+        for start in (0, 1, 2):
+            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(start, 1))
+            made.append((gi, pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)))
+        def walk():
+            found = {}
+            for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+                try:
+                    found[i] = pynvml.nvmlDeviceGetGpuInstanceId(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i))
+                except pynvml.NVMLError_NotFound:
+                    pass
+            return found
+        r = {"before": walk()}
+        pynvml.nvmlComputeInstanceDestroy(made[1][1])
+        pynvml.nvmlGpuInstanceDestroy(made[1][0])
+        r["hole"] = walk()
+        r["at_1"] = err(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 1)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(5, 1))
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        r["refilled"] = walk()
+        r["past_max"] = err(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 7)
+        out({k: {str(i): g for i, g in v.items()} if isinstance(v, dict) else v for k, v in r.items()})
+    """)
+    assert got == {"before": {"0": 11, "1": 12, "2": 13}, "hole": {"0": 11, "2": 13}, "at_1": "NotFound",
+                   "refilled": {"0": 11, "1": 8, "2": 13}, "past_max": "InvalidArgument"}  # fmt: skip
+
+
+def test_a_compute_instance_an_mps_server_runs_on_is_in_use(tmp_path: Path) -> None:
+    """nvml.h, nvmlComputeInstanceDestroy: "NVML_ERROR_IN_USE If the compute instance is in use. This error would
+    be returned if processes (e.g. CUDA application) are active on the compute instance." (and the GPU instance
+    then still has it: "processes ... or compute instances are active").  The MPS server is such a process
+    until it exits, however it exits (kill -9 here); NVML lists it among the compute processes meanwhile."""
+    tree = driver_tree(tmp_path, "dgx-h100-mig")
+    got = run_py(tree, """
+        import os, signal, subprocess
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, place(0, 4))
+        ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 2)
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        uuid = pynvml.nvmlDeviceGetUUID(mig)
+        server = subprocess.Popen([sys.argv[1] + "/usr/bin/nvidia-cuda-mps-server"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env={"CUDA_VISIBLE_DEVICES": uuid})
+        try:
+            deadline = time.monotonic() + 20
+            procs = []
+            while not procs and time.monotonic() < deadline:  # the positive signal: NVML sees it
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+                time.sleep(0.02)
+            by_uuid = pynvml.nvmlDeviceGetHandleByUUID(uuid)  # nvml.h: "The UUID of the target GPU or MIG instance"
+            r = {"listed": [[p.pid == server.pid, p.gpuInstanceId, p.computeInstanceId, p.usedGpuMemory]
+                            for p in procs],
+                 "by_uuid": [pynvml.nvmlDeviceIsMigDeviceHandle(by_uuid).value,
+                             pynvml.nvmlDeviceGetGpuInstanceId(by_uuid),
+                             len(pynvml.nvmlDeviceGetComputeRunningProcesses(by_uuid))],
+                 "on_parent": [p.pid == server.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)],
+                 "destroy_ci": err(pynvml.nvmlComputeInstanceDestroy, ci),
+                 "destroy_gi": err(pynvml.nvmlGpuInstanceDestroy, gi)}
+        finally:
+            server.send_signal(signal.SIGKILL)  # kill -9: its registration must go with it
+            server.wait()
+        r["after_exit"] = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+        r["destroy_ci_after"] = err(pynvml.nvmlComputeInstanceDestroy, ci)
+        r["destroy_gi_after"] = err(pynvml.nvmlGpuInstanceDestroy, gi)
+        out(r)
+    """)
+    assert got == {"listed": [[True, 2, 0, None]], "by_uuid": [1, 2, 1], "on_parent": [True], "destroy_ci": "InUse",
+                   "destroy_gi": "InUse", "after_exit": [], "destroy_ci_after": "ok",
+                   "destroy_gi_after": "ok"}  # fmt: skip

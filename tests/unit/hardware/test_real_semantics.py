@@ -48,6 +48,32 @@ def test_the_fake_answers_the_nvml_enum_not_the_generation() -> None:
             n.nvmlShutdown()
 
 
+def test_the_fake_answers_placements_whatever_the_mig_mode() -> None:
+    """nvml.h, nvmlDeviceGetGpuInstancePossiblePlacements_v2: "This API only returns all the possible placements
+    for the given profile regardless of whether MIG is enabled or not", NOT_SUPPORTED "If device doesn't support
+    MIG"; the profile info still wants MIG on.  The C stand-in answers the same (test_nvml_standin.py)."""
+    import ctypes
+
+    got: dict[str, Any] = {}
+    for profile in ("dgx-h100", "l40s"):
+        n = load_backend(f"mock:{profile}", "n1").nvml
+        n.nvmlInit()
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(0)
+            arr = (pynvml.c_nvmlGpuInstancePlacement_t * 16)()
+            count = ctypes.c_uint(16)
+            try:
+                n.nvmlDeviceGetGpuInstancePossiblePlacements(h, 9, arr, ctypes.byref(count))
+                got[profile] = [[arr[i].start, arr[i].size] for i in range(count.value)]
+            except pynvml.NVMLError as e:
+                got[profile] = type(e).__name__
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                n.nvmlDeviceGetGpuInstanceProfileInfo(h, 2)
+        finally:
+            n.nvmlShutdown()
+    assert got == {"dgx-h100": [[0, 4], [4, 4]], "l40s": "NVMLError_NotSupported"}
+
+
 @pytest.mark.parametrize(("profile", "generation"), [("dgx-a100-80gb", 3), ("dgx-h100", 4), ("dgx-h200", 4),
                                                      ("hgx-b200", 5), ("gb200-nvl72", 5)])
 def test_nvlink_version_attribute_is_the_generation(profile: str, generation: int) -> None:

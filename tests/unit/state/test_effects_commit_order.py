@@ -202,6 +202,9 @@ class Recording:
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         return None
 
+    def remove_strays(self, data: CheckpointData, devices: Devices) -> list[str]:
+        return []
+
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         return Recovered(data)
 
@@ -226,3 +229,31 @@ def test_effects_apply_in_order_and_undo_in_reverse_around_the_commit(tmp_path: 
     assert st.unprepare([ref("ok")]) == {"ok": ""}
     assert calls == [("c", "undo", "ok", False), ("b", "undo", "ok", False), ("a", "undo", "ok", False)], \
         "undone in reverse, after the checkpoint dropped the claim"
+
+
+def test_recovery_tears_strays_down_in_reverse_then_remakes_in_order() -> None:
+    """As unprepare undoes in reverse: a later effect's stray (an MPS server) may hold an earlier one's (its MIG
+    compute instance, which NVML then refuses to destroy with IN_USE), so strays go last effect first; re-making
+    goes first effect first (MPS serves the re-made MIG UUID).  Each effect's report holds its strays."""
+    from topodra import recovery
+
+    order: list[tuple[str, str]] = []
+
+    class Step:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def remove_strays(self, data: CheckpointData, devices: Devices) -> list[str]:
+            order.append((self.name, "strays"))
+            return [f"{self.name}-stray"]
+
+        def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
+            order.append((self.name, "recover"))
+            return Recovered(data, remade=[f"{self.name}-remade"])
+
+    steps: list[Any] = [Step("mig"), Step("timeslice"), Step("mps")]
+    _data, done = recovery.reconcile(steps, CheckpointData(), {})
+    assert order == [("mps", "strays"), ("timeslice", "strays"), ("mig", "strays"),
+                     ("mig", "recover"), ("timeslice", "recover"), ("mps", "recover")]
+    assert {n: (r.stray, r.remade) for n, r in done.items()} == {
+        n: ([f"{n}-stray"], [f"{n}-remade"]) for n in ("mig", "timeslice", "mps")}
