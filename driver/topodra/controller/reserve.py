@@ -62,6 +62,7 @@ DOMAIN_ANNOTATION = "topodra.io/reservation-domain"
 PREFIX = {HELD: "topodra-hold-", HINT: "topodra-hint-"}
 OURS = f"{vocab.MANAGED_LABEL}={vocab.MANAGED_VALUE},{vocab.UID_LABEL}"
 UNKNOWN_HOLDER = "(a claim of no running pod)"
+WAITING = "Waiting"  # status only: the job waits and holds nothing (the message says why)
 
 
 # --- pure: times, rules, status --------------------------------------------------------------------------------
@@ -157,6 +158,8 @@ def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: 
         return out
     if (expired_now or job.expired) and job.waiting_since is not None:
         return {"state": EXPIRED, "waitingSince": stamp(job.waiting_since), "message": note}
+    if job.waiting and job.waiting_since is not None and note:
+        return {"state": WAITING, "waitingSince": stamp(job.waiting_since), "message": note}
     return None
 
 
@@ -322,7 +325,13 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
     gone profiles and holds past their maxHold are deleted, nothing is made. ``post``: the Event writer
     (``operator.post_event``; None posts none)."""
     now = datetime.now(UTC).timestamp() if now is None else now
-    rules = [r for r in list_rules(kube) if _managed_here(r, cfg.namespaces)]
+    try:
+        rules = [r for r in list_rules(kube) if _managed_here(r, cfg.namespaces)]
+    except KubeError as e:
+        if e.status != 404:
+            raise
+        log.warning("reservations: DeviceTaintRules are not served (%s); nothing is reserved", e)
+        return None
     existing = existing_reservations(rules, now)
     parsed: list[tuple[Obj, ClaimProfile]] = []
     for body in profiles:

@@ -149,3 +149,14 @@ def test_rules_read_back_as_the_reservation_they_make() -> None:
     assert (ex.state, ex.domain, ex.since) == (HELD, "l1", 1000.0)
     del made[0]["metadata"]["creationTimestamp"], made[1]["metadata"]["creationTimestamp"]
     assert existing_reservations(made, 5.0)["u-1"].since == 5.0
+
+
+def test_a_job_no_domain_can_hold_says_why_and_holds_nothing(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    add_profile(kube, {**SPEC, "pods": 5})
+    gang_pods(kube, waited=400, n=5)
+    st = refresh(kube)
+    assert rules(kube) == {}
+    assert st["reservation"]["state"] == "Waiting"
+    assert st["reservation"]["message"] == ("eligible, but no domain can hold the whole job even when its running "
+                                            "pods end")
