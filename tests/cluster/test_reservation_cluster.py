@@ -1,9 +1,9 @@
 """Issue 33: a 4 x 8-GPU gang starves behind a steady flow of 1- and 2-GPU pods without a reservation, and
 starts within a bound with one; the real kube-scheduler (gang plugin, DRA device taints) and the real controller.
 
-Five simulated 8-GPU nodes in one leaf group. Small pods (1 or 2 GPUs, alternating) fill all 40 GPUs and leave a
-backlog of pending ones; the test "completes" small pods by deleting the oldest running one, one at a time, and
-adds a new small pod for each, so the backlog never empties (a steady flow).
+Five simulated 8-GPU nodes in one leaf group. Small pods (2 GPUs, every 4th 1 GPU) fill all 40 GPUs and leave a
+backlog of pending ones of both sizes; the test "completes" small pods by deleting the oldest running one, one at a
+time, and tops the backlog up after each, so it never empties (a steady flow).
 
 * Without a reservation (``reservation.enabled: false``): after each completion the freed GPUs are taken by
   backlog pods (the positive signal, counted), so no 4 nodes are ever free at once and the gang stays unbound.
@@ -30,20 +30,22 @@ from testkit.paths import REPO
 from topodra import reservations as vocab
 from topodra.apipaths import claim_path, device_taint_rule_path, profile_path, template_path
 from topodra.controller.gang import podgroup_path
+from topodra.kube import KubeError
 
 pytestmark = pytest.mark.cluster
 
 Obj = dict[str, Any]
 LOG_DIR = REPO / ".run" / "reservation-test-logs"
 NODES = 5
-BACKLOG = 6  # pending small pods kept waiting
-STARVED_COMPLETIONS = 8  # phase one: completions after which the gang must still be unbound
-BOUND_COMPLETIONS = 45  # phase two: the gang binds within this many completions (all small pods: ~27)
-BOUND_S = 100.0
+BACKLOG = 6  # pending small pods kept waiting, half of each size
+STARVED_COMPLETIONS = 22  # phase one: completions after which the gang must still be unbound (~38 GPUs freed)
+BOUND_COMPLETIONS = 40  # phase two: the gang binds within this many completions (the running small pods: ~23)
+BOUND_S = 90.0
 
 
 class Flow:
-    """The small pods: created in order, completed (deleted) oldest running first."""
+    """The small pods: created in order, completed (deleted) oldest running first; a backlog of pending pods
+    of both sizes is kept (``refill``), so freed GPUs always have a taker."""
 
     def __init__(self, sc: Scenario) -> None:
         self.sc = sc
@@ -55,10 +57,8 @@ class Flow:
                        "metadata": {"name": f"small-{n}"}, "spec": {"spec": {"devices": {"requests": [
                            {"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.io", "count": n}}]}}}})
 
-    def add(self) -> str:
-        i = next(self.seq)
-        n = 1 + i % 2
-        name = f"small-{i}"
+    def add(self, n: int) -> str:
+        name = f"small-{next(self.seq)}"
         self.sc.pod(name, f"small-{n}", self.sc.nodes())
         self.names.append(name)
         self.gpus[name] = n
@@ -75,6 +75,13 @@ class Flow:
     def pending(self) -> list[str]:
         pods = self.pods()
         return [n for n in self.names if n in pods and not pods[n]["spec"].get("nodeName")]
+
+    def refill(self) -> None:
+        """At least ``BACKLOG // 2`` pending pods of each size."""
+        pending = self.pending()
+        for n in (1, 2):
+            for _ in range(BACKLOG // 2 - sum(1 for p in pending if self.gpus[p] == n)):
+                self.add(n)
 
     def complete_oldest(self) -> tuple[str, str, int]:
         """Delete the oldest bound small pod and wait until its claim is gone; (pod, node, GPUs freed)."""
@@ -128,11 +135,12 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
     try:
         with controller_process(sc.cluster.kubeconfig, sc.ns, "rsv", LOG_DIR / f"{sc.ns}.log"):
             flow = Flow(sc)
-            # Fill the 40 GPUs, then keep a backlog.
+            # Fill the 40 GPUs (mostly 2-GPU pods, every 4th a 1-GPU pod), then keep a backlog.
+            i = 0
             while sum(flow.gpus[n] for n in flow.names) < NODES * 8:
-                sc.wait_allocated(flow.add())
-            for _ in range(BACKLOG):
-                flow.add()
+                sc.wait_allocated(flow.add(1 if i % 4 == 0 else 2))
+                i += 1
+            flow.refill()
             assert len(flow.pending()) == BACKLOG
 
             # --- without a reservation: the freed GPUs go to the backlog, the gang starves.
@@ -143,11 +151,12 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             retaken = 0
             for _ in range(STARVED_COMPLETIONS):
                 _pod, node, freed = flow.complete_oldest()
-                flow.add()
+                flow.refill()
                 wait_for(functools.partial(full, sc, node), 60,
                          f"backlog pods to take the {freed} GPU(s) freed on {node}")
                 retaken += freed
-            assert retaken >= STARVED_COMPLETIONS
+            # More GPUs than the gang needs were freed, and small pods took every one of them.
+            assert retaken >= 4 * 8, retaken
             assert unbound(sc, starved) == starved, "the gang bound without a reservation"
             assert our_rules(sc) == [] and uid_off
             for p in starved:
@@ -189,7 +198,7 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
                 now = allocations(sc)
                 seen.update(now)
                 _pod, _node, _freed = flow.complete_oldest()
-                flow.add()
+                flow.refill()
                 completions += 1
             bound_nodes = sorted(str(sc.get_pod(p)["spec"]["nodeName"]) for p in gang)
             assert bound_nodes == reserved
@@ -204,3 +213,29 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
                      .get("reservation") is None, 30, "status.reservation cleared")
     finally:
         sc.close()
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({"alternatives": [{"deviceClassName": "gpu-h100", "count": 4}], "reservation": {}},
+     "reservation needs pods (a multi-node job) or count 8 (a whole server) in every alternative"),
+    ({"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], "reservation": {"afterWaiting": "15 min"}},
+     "a duration in seconds (0 to 604800) or like 15m, 2h, 1h30m, 90s"),
+    ({"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], "reservation": {"maxHold": 700000}},
+     "a duration in seconds (0 to 604800)"),
+])
+def test_crd_refuses_bad_reservations(gang_cluster: ClusterHandle, spec: Obj, needle: str) -> None:  # noqa: F811
+    ns = gang_cluster.namespace("rsvbad")
+    with pytest.raises(KubeError) as err:
+        gang_cluster.kube.create(profile_path(ns), {"apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile",
+                                                    "metadata": {"name": "bad"}, "spec": spec})
+    assert err.value.status == 422
+    assert needle in err.value.message, err.value.message
+
+
+def test_crd_takes_a_reservation_in_seconds_or_as_a_duration(gang_cluster: ClusterHandle) -> None:  # noqa: F811
+    ns = gang_cluster.namespace("rsvok")
+    made = gang_cluster.kube.create(profile_path(ns), {
+        "apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile", "metadata": {"name": "whole"},
+        "spec": {"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}],
+                 "reservation": {"afterWaiting": 900, "maxHold": "1h30m"}}})
+    assert made["spec"]["reservation"] == {"afterWaiting": 900, "maxHold": "1h30m"}
