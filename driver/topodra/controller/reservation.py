@@ -218,11 +218,12 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
             continue
         kept.append(Reservation(job.namespace, job.name, job.uid, HELD, place, ex.since, job.waiting_since))
     held_nodes = {n for r in kept for n in r.place.nodes}
+    gone = {j.uid for j in expired}
     made: list[Reservation] = []
     for job in oldest:
         if not job.waiting or job.waiting_since is None or any(r.uid == job.uid for r in kept):
             continue
-        if job in expired or job.expired:
+        if job.uid in gone or job.expired:
             notes.setdefault(job.uid, "its reservation ran out (maxHold); not reserved again until the job stops "
                                       "waiting")
             continue
@@ -242,7 +243,7 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
     holding = {r.uid for r in (*kept, *made)}
     hint: list[Reservation] = []
     for job in oldest:
-        if not job.waiting or job.waiting_since is None or job.uid in holding or job.expired or job in expired:
+        if not job.waiting or job.waiting_since is None or job.uid in holding or job.expired or job.uid in gone:
             continue
         place = choose_place(job, now, frozenset(held_nodes))
         if place is None:
