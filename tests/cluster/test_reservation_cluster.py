@@ -178,8 +178,11 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             rules: list[Obj] = wait_for(held, 60, "the controller to reserve 4 nodes for the waiting gang")
             reserved = sorted(r["spec"]["deviceSelector"]["pool"] for r in rules)
             for r in rules:
-                assert r["spec"]["taint"] == {"key": vocab.RESERVATION_TAINT_KEY, "value": uid, "effect": "NoSchedule"}
+                taint = r["spec"]["taint"]
+                assert (taint["key"], taint["value"], taint["effect"]) == (vocab.RESERVATION_TAINT_KEY, uid,
+                                                                           "NoSchedule"), taint
                 assert r["metadata"]["labels"][vocab.UID_LABEL] == uid
+            uids = {r["metadata"]["uid"] for r in rules}  # the same rules must hold until the gang binds
             # The 4 nodes with the fewest pods to wait for.
             pods_on = {n: sum(1 for o, pools in before.values() if n in pools and o.startswith("small-"))
                        for n in sc.nodes()}
@@ -197,6 +200,8 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
                     f"the gang is still waiting after {completions} completions")
                 now = allocations(sc)
                 seen.update(now)
+                current = {r["metadata"]["uid"] for r in our_rules(sc)}
+                assert current in (uids, set()), "the reservation's rules were re-made while it held"
                 _pod, _node, _freed = flow.complete_oldest()
                 flow.refill()
                 completions += 1

@@ -116,6 +116,15 @@ def wanted_rules(p: Plan, driver: str) -> dict[str, Obj]:
             for r in p.reservations for node in r.place.nodes}
 
 
+def same_rule(have: Obj, want: Obj) -> bool:
+    """Whether a rule read back selects and taints as ``want`` does (the API server adds ``timeAdded``)."""
+    def key(r: Obj) -> tuple[Any, ...]:
+        spec = r.get("spec") or {}
+        taint = spec.get("taint") or {}
+        return (spec.get("deviceSelector"), taint.get("key"), taint.get("value"), taint.get("effect"))
+    return key(have) == key(want)
+
+
 def ours(rule: Obj) -> bool:
     labels = (rule.get("metadata") or {}).get("labels") or {}
     return labels.get(vocab.MANAGED_LABEL) == vocab.MANAGED_VALUE and bool(labels.get(vocab.UID_LABEL))
@@ -375,12 +384,12 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
     want = wanted_rules(result, cfg.driver)
     have = {r["metadata"]["name"]: r for r in rules}
     for name, r in have.items():
-        if name not in want or ((r.get("spec") or {}).get("taint") or {}) != want[name]["spec"]["taint"]:
+        if name not in want or not same_rule(r, want[name]):
             kube.delete(device_taint_rule_path(name))
             if rule_uid(r) not in live:
                 log.info("reservations: deleted DeviceTaintRule %s of a profile that no longer exists", name)
     for name, r in want.items():
-        if name not in have or ((have[name].get("spec") or {}).get("taint") or {}) != r["spec"]["taint"]:
+        if name not in have or not same_rule(have[name], r):
             try:
                 kube.create(device_taint_rule_path(), r)
             except KubeError as e:

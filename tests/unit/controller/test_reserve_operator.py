@@ -160,3 +160,15 @@ def test_a_job_no_domain_can_hold_says_why_and_holds_nothing(kube: FakeKube) -> 
     assert st["reservation"]["state"] == "Waiting"
     assert st["reservation"]["message"] == ("eligible, but no domain can hold the whole job even when its running "
                                             "pods end")
+
+
+def test_a_rule_read_back_with_the_api_servers_time_added_is_the_same_rule(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    add_profile(kube, SPEC)
+    gang_pods(kube, waited=400)
+    refresh(kube)
+    for r in rules(kube).values():
+        r["spec"]["taint"]["timeAdded"] = "2026-01-01T00:00:00Z"  # as kube-apiserver writes it
+    uids = {r["metadata"]["uid"] for r in rules(kube).values()}
+    refresh(kube)
+    assert {r["metadata"]["uid"] for r in rules(kube).values()} == uids  # kept, not re-made every pass
