@@ -11,6 +11,7 @@ time, and tops the backlog up after each, so it never empties (a steady flow).
   (NoSchedule DeviceTaintRules naming the profile's uid, which only the gang's claims tolerate). Completions
   drain those nodes while the backlog runs on the 5th; the gang binds within the bound, no small claim allocated
   while the rules held is on a reserved node, and once the gang is bound no rule is left.
+* A profile deleted while its reservation holds leaves no rule behind.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ LOG_DIR = REPO / ".run" / "reservation-test-logs"
 NODES = 5
 BACKLOG = 6  # pending small pods kept waiting, half of each size
 STARVED_COMPLETIONS = 22  # phase one: completions after which the gang must still be unbound (~38 GPUs freed)
-BOUND_COMPLETIONS = 40  # phase two: the gang binds within this many completions (the running small pods: ~23)
+# Phase two: the gang binds once the small pods that existed when the rules came are completed (oldest first,
+# later ones run on the 5th node only), plus a few completions while the scheduler binds it.
+SLACK_COMPLETIONS = 10
 BOUND_S = 90.0
 
 
@@ -195,9 +198,11 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             # Allocated while the rules hold: never a small claim on a reserved node.
             seen = dict(before)
             completions = 0
+            bound_completions = len(flow.names) + SLACK_COMPLETIONS
             while unbound(sc, gang):
-                assert completions < BOUND_COMPLETIONS and time.monotonic() - start < BOUND_S, (
-                    f"the gang is still waiting after {completions} completions")
+                assert completions < bound_completions and time.monotonic() - start < BOUND_S, (
+                    f"the gang is still waiting after {completions} completions, "
+                    f"{time.monotonic() - start:.0f} s")
                 now = allocations(sc)
                 seen.update(now)
                 current = {r["metadata"]["uid"] for r in our_rules(sc)}
@@ -205,6 +210,9 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
                 _pod, _node, _freed = flow.complete_oldest()
                 flow.refill()
                 completions += 1
+            print(f"\nwithout a reservation: {STARVED_COMPLETIONS} completions, {retaken} GPUs freed, all retaken by "
+                  f"small pods; with one: bound after {completions} completions (bound {bound_completions}), "
+                  f"{time.monotonic() - start:.1f} s after its pods were created")
             bound_nodes = sorted(str(sc.get_pod(p)["spec"]["nodeName"]) for p in gang)
             assert bound_nodes == reserved
             seen.update(allocations(sc))
@@ -216,6 +224,15 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             wait_for(lambda: our_rules(sc) == [], 30, "the rules to be released once the gang is bound")
             wait_for(lambda: ((sc.kube.get(profile_path(sc.ns, "big")) or {}).get("status") or {})
                      .get("reservation") is None, 30, "status.reservation cleared")
+
+            # --- a job deleted while it holds a reservation leaves no rule behind.
+            uid_gone = gang_profile(sc, "gone", {"afterWaiting": "0s"})
+            job_pods(sc, "gone", sc.nodes())
+            wait_for(lambda: len([r for r in our_rules(sc) if r["spec"]["taint"]["value"] == uid_gone
+                                  and r["spec"]["taint"]["effect"] == "NoSchedule"]) == 4, 60,
+                     "a reservation for the next gang")
+            sc.kube.delete(profile_path(sc.ns, "gone"))
+            wait_for(lambda: our_rules(sc) == [], 30, "the deleted profile's rules to be gone")
     finally:
         sc.close()
 
