@@ -11,7 +11,8 @@ time, and tops the backlog up after each, so it never empties (a steady flow).
   (NoSchedule DeviceTaintRules naming the profile's uid, which only the gang's claims tolerate). Completions
   drain those nodes while the backlog runs on the 5th; the gang binds within the bound, no small claim allocated
   while the rules held is on a reserved node, and once the gang is bound no rule is left.
-* A profile deleted while its reservation holds leaves no rule behind.
+* A profile deleted while its reservation holds leaves no rule behind, also when it is deleted while the
+  controller is down (the restarted controller's first pass collects the rules).
 """
 
 from __future__ import annotations
@@ -40,9 +41,6 @@ LOG_DIR = REPO / ".run" / "reservation-test-logs"
 NODES = 5
 BACKLOG = 6  # pending small pods kept waiting, half of each size
 STARVED_COMPLETIONS = 22  # phase one: completions after which the gang must still be unbound (~38 GPUs freed)
-# Phase two: the gang binds once the small pods that existed when the rules came are completed (oldest first,
-# later ones run on the 5th node only), plus a few completions while the scheduler binds it.
-SLACK_COMPLETIONS = 10
 BOUND_S = 90.0
 
 
@@ -190,29 +188,37 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             pods_on = {n: sum(1 for o, pools in before.values() if n in pools and o.startswith("small-"))
                        for n in sc.nodes()}
             assert sorted(pods_on[n] for n in reserved) == sorted(pods_on.values())[:4], (pods_on, reserved)
-            status = wait_for(lambda: ((sc.kube.get(profile_path(sc.ns, "big")) or {}).get("status") or {})
-                              .get("reservation"), 30, "status.reservation")
+            def reservation_status() -> Obj | None:
+                got = (((sc.kube.get(profile_path(sc.ns, "big")) or {}).get("status") or {}).get("reservation")
+                       or {})
+                return got if got.get("state") == "Held" else None  # written right after the rules, same pass
+            status: Obj = wait_for(reservation_status, 30, "status.reservation Held")
             assert (status["state"], status["domain"], status["nodes"]) == ("Held", "l1", reserved), status
             assert "expectedStart" not in status  # the small pods declare no activeDeadlineSeconds
             assert unbound(sc, gang) == gang
-            # Allocated while the rules hold: never a small claim on a reserved node.
+            # Completions, oldest first, until no small pod is left on the reserved nodes: at most the small pods
+            # that existed when the rules came (later ones can run only on the 5th node, and are newer).
             seen = dict(before)
             completions = 0
-            bound_completions = len(flow.names) + SLACK_COMPLETIONS
-            while unbound(sc, gang):
-                assert completions < bound_completions and time.monotonic() - start < BOUND_S, (
-                    f"the gang is still waiting after {completions} completions, "
-                    f"{time.monotonic() - start:.0f} s")
-                now = allocations(sc)
-                seen.update(now)
+            budget = len(flow.names)
+
+            def on_reserved() -> list[str]:
+                pods = flow.pods()
+                return [n for n in flow.bound() if pods[n]["spec"]["nodeName"] in reserved]
+            while on_reserved():
+                assert completions < budget, f"small pods still on the reserved nodes after {completions} completions"
+                seen.update(allocations(sc))
                 current = {r["metadata"]["uid"] for r in our_rules(sc)}
-                assert current in (uids, set()), "the reservation's rules were re-made while it held"
-                _pod, _node, _freed = flow.complete_oldest()
+                assert current == uids, "the reservation's rules changed while it held"
+                flow.complete_oldest()
                 flow.refill()
                 completions += 1
+            # The reserved nodes are empty while the backlog still waits: only the gang may take them.
+            wait_for(lambda: not unbound(sc, gang), 60, "the gang to bind on the drained, reserved nodes")
             print(f"\nwithout a reservation: {STARVED_COMPLETIONS} completions, {retaken} GPUs freed, all retaken by "
-                  f"small pods; with one: bound after {completions} completions (bound {bound_completions}), "
+                  f"small pods; with one: bound after {completions} completions (at most {budget}), "
                   f"{time.monotonic() - start:.1f} s after its pods were created")
+            assert time.monotonic() - start < BOUND_S
             bound_nodes = sorted(str(sc.get_pod(p)["spec"]["nodeName"]) for p in gang)
             assert bound_nodes == reserved
             seen.update(allocations(sc))
@@ -233,6 +239,19 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
                      "a reservation for the next gang")
             sc.kube.delete(profile_path(sc.ns, "gone"))
             wait_for(lambda: our_rules(sc) == [], 30, "the deleted profile's rules to be gone")
+
+            # --- the same while the controller is down: its first pass after the restart collects the rules.
+            uid_down = gang_profile(sc, "down", {"afterWaiting": "0s"})
+            job_pods(sc, "down", sc.nodes())
+            wait_for(lambda: len([r for r in our_rules(sc) if r["spec"]["taint"]["value"] == uid_down
+                                  and r["spec"]["taint"]["effect"] == "NoSchedule"]) == 4, 60,
+                     "a reservation for the gang of the profile deleted while the controller is down")
+        # The controller has exited (controller_process waited for it): nothing of ours can delete a rule now.
+        sc.kube.delete(profile_path(sc.ns, "down"))
+        wait_for(lambda: sc.kube.get(profile_path(sc.ns, "down")) is None, 30, "the profile deleted")
+        assert len(our_rules(sc)) == 4, "the rules outlived the controller (no finalizer, nothing else owns them)"
+        with controller_process(sc.cluster.kubeconfig, sc.ns, "rsv2", LOG_DIR / f"{sc.ns}-restart.log"):
+            wait_for(lambda: our_rules(sc) == [], 30, "the restarted controller to collect the gone profile's rules")
     finally:
         sc.close()
 
