@@ -111,12 +111,13 @@ CONTROLLER_ALLOWED = [
     *[(v, "resourceclaimtemplates.resource.k8s.io") for v in ("get", "create", "delete")],
     *[(v, f"{r}.resource.k8s.io") for v in ("get", "list", "watch") for r in
       ("deviceclasses", "resourceslices", "resourceclaims")],
-    ("list", "devicetaintrules.resource.k8s.io"),
+    *[(v, "devicetaintrules.resource.k8s.io") for v in ("list", "watch", "create", "delete")],  # reservations
     ("create", "events"), ("list", "customresourcedefinitions.apiextensions.k8s.io")]
 CONTROLLER_DENIED = [("get", "secrets"),
                      ("patch", "resourceclaims.resource.k8s.io/status"), ("create", "resourceslices.resource.k8s.io"),
                      ("update", "resourceclaims.resource.k8s.io"), ("create", "deviceclasses.resource.k8s.io"),
-                     ("delete", "claimprofiles.topodra.io"), ("create", "pods")]
+                     ("delete", "claimprofiles.topodra.io"), ("create", "pods"),
+                     ("update", "devicetaintrules.resource.k8s.io"), ("patch", "devicetaintrules.resource.k8s.io")]
 
 
 @pytest.mark.cluster

@@ -32,7 +32,7 @@ from topodra import DEFAULT_DRIVER_NAME
 from topodra.controller.hostfit import PodShape, pod_shape, short_note, verdict
 from topodra.controller.profile import Alternative, ClaimProfile
 from topodra.controller.render import attribute_for
-from topodra.fleet.allocations import holders
+from topodra.fleet.allocations import allocated_keys, holders
 from topodra.fleet.hostres import HostResources
 from topodra.fleet.nodes import node_schedulable
 from topodra.fleet.pools import newest_slices
@@ -107,6 +107,13 @@ class Snapshot:
     # nodesFit counts devices only, and ``host_error`` says why when a read was asked for and failed.
     host: HostResources | None = field(default=None, compare=False)
     host_error: str = ""
+    # DeviceTaintRules with an effect (reservations tell their own rules apart, controller/reserve.py).
+    rules: tuple[Obj, ...] = field(default=(), compare=False, repr=False)
+    # (namespace, claim) -> the (pool, device) pairs its allocation holds: who holds an allocated device.
+    claim_devices: Mapping[tuple[str, str], tuple[tuple[str, str], ...]] = field(
+        default_factory=dict, compare=False, repr=False)
+    # The bound, unfinished pods the host view was built from (None: pods were not read).
+    pods: tuple[Obj, ...] | None = field(default=None, compare=False, repr=False)
     # The devices each class predicate selects, by (driver, predicate), filled on first use. Snapshots with the
     # same ``devices`` share it (``controller.facts``: a pass after a claim or node change matches no device
     # again); matching every device against every alternative's class was 0.2 of 0.3 s CPU at 2,048 nodes.
@@ -147,6 +154,17 @@ def allocated_devices(claims: Iterable[Obj], driver: str) -> frozenset[tuple[str
     return frozenset(holders(claims, driver))
 
 
+def claim_devices(claims: Iterable[Obj], driver: str) -> dict[tuple[str, str], tuple[tuple[str, str], ...]]:
+    """(namespace, claim) -> the (pool, device) pairs of ``driver`` its allocation holds (allocated claims only)."""
+    out: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+    for c in claims:
+        held = allocated_keys(c, driver)
+        if held:
+            meta = c.get("metadata") or {}
+            out[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = held
+    return out
+
+
 def unavailable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
     """Nodes a pod without special tolerations cannot be scheduled to right now."""
     return frozenset(str((n.get("metadata") or {}).get("name", "")) for n in nodes if not node_schedulable(n))
@@ -165,9 +183,15 @@ def make_snapshot(slices: Iterable[Obj], claims: Iterable[Obj], classes: Iterabl
                   taint_rules: Iterable[Obj] = (), pods: Iterable[Obj] | None = None) -> Snapshot:
     """``pods`` None: CPU and memory are not counted (no profile asked, or pods could not be read)."""
     nodes = list(nodes)
+    claims = list(claims)
+    taint_rules = [r for r in taint_rules if rule_taint(r) is not None]
+    pods = list(pods) if pods is not None else None
     return Snapshot(
         devices=tuple(published_devices(slices, driver, taint_rules)),
         allocated=allocated_devices(claims, driver),
+        rules=tuple(taint_rules),
+        claim_devices=claim_devices(claims, driver),
+        pods=tuple(pods) if pods is not None else None,
         classes={(c.get("metadata") or {}).get("name", ""): c for c in classes},
         unavailable_nodes=unavailable_nodes(nodes),
         node_labels={str((n.get("metadata") or {}).get("name", "")): dict((n.get("metadata") or {}).get("labels") or {})

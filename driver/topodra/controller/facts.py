@@ -242,7 +242,7 @@ class WatchedFacts:
             why = f"cannot list pods ({self._not_listed(['pods'])}); free CPU and memory are not counted"
             return replace(snap, host_error=why)
         with self.informer.lock:
-            return replace(snap, host=self._build_host())
+            return replace(snap, host=self._build_host(), pods=tuple(self._pods.values()))
 
     def _not_listed(self, kinds: Sequence[str]) -> str:
         missing = [k for k in kinds if not self.informer.synced([k])]
@@ -260,7 +260,7 @@ class WatchedFacts:
             devices=devices, allocated=allocated, classes=dict(self._classes),
             unavailable_nodes=frozenset(n for n, (ok, _labels) in self._node_facts.items() if not ok),
             node_labels={n: dict(labels) for n, (_ok, labels) in self._node_facts.items()}, matched=matched,
-            match_source=source)
+            match_source=source, rules=tuple(self._rules.values()), claim_devices=dict(self._claims))
         self._snapshot = (self._version, snap)
         self.builds += 1
         return snap

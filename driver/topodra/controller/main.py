@@ -31,6 +31,7 @@ from topodra.controller.operator import (
     kopf_settings,
     refresh_all,
 )
+from topodra.controller.profile import parse_duration
 from topodra.controller.render import DEFAULT_NIC_CLASS
 from topodra.kube import Kube, KubeError
 
@@ -54,11 +55,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="without dra-driver-cpu, render alignCpus profiles without CPUs instead of refusing them")
     parser.add_argument("--refresh-interval", type=float, default=30.0,
                         help="seconds between availability/status refreshes of every profile")
+    parser.add_argument("--reservations", choices=("on", "off"), default="on",
+                        help="reserve devices for waiting jobs of profiles with a reservation (off: no profile "
+                             "reserves, every reservation rule is deleted; docs/multi-node.md)")
+    parser.add_argument("--reservation-after", type=duration_arg, default=900, metavar="DURATION",
+                        help="how long a job waits before it may reserve, when its profile does not say "
+                             "(seconds or e.g. 15m; default 15m)")
+    parser.add_argument("--reservation-max-hold", type=duration_arg, default=7200, metavar="DURATION",
+                        help="how long a reservation holds at most, when its profile does not say (default 2h)")
+    parser.add_argument("--max-reservations", type=int, default=2,
+                        help="reservations that hold at once, oldest eligible job first (default 2)")
     parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                         help="hold a coordination.k8s.io Lease so only one replica is active")
     parser.add_argument("--lease-namespace", default="default")
     parser.add_argument("--lease-name", default="topodra-controller")
     parser.add_argument("--identity", default=None, help="leader-election identity (default host_pid_rand)")
+
+
+def duration_arg(text: str) -> int:
+    """Seconds from ``900``, ``15m``, ``2h`` or ``1h30m`` (the profile's own duration syntax)."""
+    try:
+        return parse_duration(text, "duration")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def ensure_login_name() -> None:
@@ -121,11 +140,17 @@ def run(args: argparse.Namespace) -> int:
     if args.refresh_interval < 1:
         log.error("--refresh-interval must be at least 1 second")
         return 2
+    if args.max_reservations < 0 or args.reservation_max_hold <= 0:
+        log.error("--max-reservations must not be negative and --reservation-max-hold must be above 0")
+        return 2
     cfg = ControllerConfig(driver=args.driver_name, nic_class=args.nic_class,
                            namespaces=tuple(args.namespace), refresh_interval_s=args.refresh_interval,
                            snapshot_ttl_s=min(10.0, args.refresh_interval),
                            cpu=CpuSettings(device_class=args.cpu_class, numa_attribute=args.cpu_numa_attribute,
-                                           allow_unaligned=args.allow_unaligned_cpus))
+                                           allow_unaligned=args.allow_unaligned_cpus),
+                           reservations=args.reservations == "on", reservation_after_s=args.reservation_after,
+                           reservation_max_hold_s=args.reservation_max_hold,
+                           max_reservations=args.max_reservations)
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
     except Exception as e:  # kubeconfig missing/invalid: say so, start nothing

@@ -59,7 +59,9 @@ from topodra.controller.render import (
     PROFILE_LABEL,
     device_class_names,
     render_template,
+    reserves,
 )
+from topodra.controller.reserve import delete_rules_of, reconcile_reservations
 from topodra.fleet.hostres import HostResources
 from topodra.informer import gc_paused
 from topodra.kube import Kube, KubeError, load_configuration
@@ -81,6 +83,12 @@ class ControllerConfig:
     refresh_interval_s: float = 30.0
     snapshot_ttl_s: float = 10.0
     cpu: CpuSettings = field(default_factory=CpuSettings)  # alignCpus (controller/cpucheck.py)
+    # Reservations (issue 33, controller/reserve.py): on/off cluster-wide, and the defaults a profile's
+    # ``reservation`` does not state.
+    reservations: bool = True
+    reservation_after_s: float = 900.0
+    reservation_max_hold_s: float = 7200.0
+    max_reservations: int = 2
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,7 @@ class SnapshotCache:
         pods = self._fresh(self._pods, lambda: self._read_pods(kube, nodes))
         if isinstance(pods, str):
             return replace(snap, host_error=pods)
-        return replace(snap, host=pods)
+        return replace(snap, host=pods[0], pods=pods[1])
 
     def _fresh(self, slot: _Slot, read: Any) -> Any:
         with self._lock:
@@ -200,14 +208,14 @@ class SnapshotCache:
             log.warning("availability: %s", why)
             return why
 
-    def _read_pods(self, kube: Kube, nodes: list[Obj]) -> HostResources | str:
+    def _read_pods(self, kube: Kube, nodes: list[Obj]) -> tuple[HostResources, tuple[Obj, ...]] | str:
         try:
             pods = list(kube.list(pod_path(), field_selector=HOLDING_PODS))
         except KubeError as e:  # no grant to list pods: fit counts devices only, and the status says so
             why = f"cannot list pods ({e}); free CPU and memory are not counted"
             log.warning("availability: %s", why)
             return why
-        return host_resources(nodes, pods)
+        return host_resources(nodes, pods), tuple(pods)
 
 
 def _owned_by_profile(tmpl: Obj, profile: ClaimProfile) -> bool:
@@ -231,14 +239,16 @@ def reconcile(kube: Kube, body: Obj, cfg: ControllerConfig, alternative: str | N
         profile = ClaimProfile.from_api(body)
         if alternative is not None:
             profile = gang.restricted(profile, alternative)
-        tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class)
+        tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class,
+                               reservations_on=cfg.reservations)
     except ProfileError as e:
         return Outcome(False, "InvalidSpec", str(e))
     cpu = readiness(kube, profile, cfg.cpu, cfg.driver)
     if cpu is not None:
         if not cpu.ok:
             return Outcome(False, cpu.reason, cpu.message, cpu=cpu)
-        tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class, cpu=cpu.options)
+        tmpl = render_template(profile, driver=cfg.driver, nic_class=cfg.nic_class, cpu=cpu.options,
+                               reservations_on=cfg.reservations)
     return replace(_reconcile_template(kube, profile, tmpl, cfg, who), cpu=cpu)
 
 
@@ -394,6 +404,7 @@ def _process(kube: Kube, body: Obj, cfg: ControllerConfig, snap: Snapshot | str)
                                           gang_note)
     else:
         status["gang"] = None
+    _reservation_off(kube, body, cfg, status)
     kube.merge_patch(profile_path(ns, name) + "/status", {"status": status})
     old_ready: Obj = next((c for c in old_status.get("conditions") or [] if c.get("type") == "Ready"), {})
     if not outcome.ok and old_ready.get("reason") != outcome.reason:
@@ -413,6 +424,33 @@ def _gang_plan(kube: Kube, body: Obj, cfg: ControllerConfig, snap: Snapshot | st
     if profile.spec.pods is None:
         return None
     return gang.plan(kube, profile, snap, driver=cfg.driver, nic_class=cfg.nic_class)
+
+
+def _reservation_off(kube: Kube, body: Obj, cfg: ControllerConfig, status: Obj) -> None:
+    """A profile whose reservation is off (or invalid) holds nothing: its rules go in the same pass as its
+    template loses the toleration, so they never disagree for longer (controller/reserve.py owns the rest)."""
+    try:
+        on = reserves(ClaimProfile.from_api(body), cfg.reservations)
+    except ProfileError:
+        on = False
+    if on or not (body.get("status") or {}).get("reservation"):
+        return
+    delete_rules_of(kube, str((body.get("metadata") or {}).get("uid", "")))
+    status["reservation"] = None
+
+
+def reservations_pass(kube: Kube, cfg: ControllerConfig, cache: Facts, profiles: list[Obj]) -> None:
+    """Plan and write every reservation (controller/reserve.py) from the profiles just listed; at controller
+    start this is also the garbage collection of rules whose profile is gone."""
+    wanted = False
+    for body in profiles:
+        try:
+            wanted = wanted or reserves(ClaimProfile.from_api(body), cfg.reservations)
+        except ProfileError:
+            continue
+    snap: Snapshot | str = cache.get(kube, host=True) if wanted else "no profile reserves"
+    with _PROCESS_LOCK:
+        reconcile_reservations(kube, cfg, snap, profiles, post=post_event)
 
 
 def _queueing(kube: Kube, body: Obj, outcome: Outcome, status: Obj) -> None:
@@ -470,6 +508,11 @@ def refresh_all(kube: Kube, cfg: ControllerConfig, cache: Facts) -> int:
         except KubeError as e:
             failed += 1
             log.warning("refresh: profile %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
+    try:
+        reservations_pass(kube, cfg, cache, profiles)
+    except KubeError as e:
+        failed += 1
+        log.warning("refresh: reservations: %s", e)
     return failed
 
 
@@ -548,8 +591,12 @@ def build_registry(kube: Kube, kubeconfig: str | None, cfg: ControllerConfig, ca
 
     @kopf.on.delete(PROFILE_GROUP, PROFILE_VERSION, PROFILE_PLURAL, registry=registry, optional=True)
     def on_delete(body: Any, **_: Any) -> None:
+        obj = _plain(body)
         try:
-            delete_template(kube, _plain(body))
+            delete_template(kube, obj)
+            uid = (obj.get("metadata") or {}).get("uid")
+            if uid:
+                delete_rules_of(kube, str(uid))
         except KubeError as e:
             raise kopf.TemporaryError(str(e), delay=5) from None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
 
 from topodra.apipaths import PROFILE_GROUP as GROUP
 from topodra.apipaths import PROFILE_VERSION as VERSION
@@ -124,6 +124,61 @@ class PodRequests(BaseModel):
         return self
 
 
+# Reservations (issue 33): a whole server is 8 GPUs; a duration is seconds or Go-style "15m", "1h30m", "90s".
+WHOLE_SERVER_GPUS = 8
+MAX_RESERVATION_S = 7 * 24 * 3600
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(value: int | str, field: str) -> int:
+    """Seconds from an integer or a Go-style duration of hours, minutes and seconds (``1h30m``, ``90s``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field}: {value!r} is not a duration")
+    if isinstance(value, int):
+        seconds = value
+    else:
+        text = str(value).strip()
+        m = _DURATION.match(text)
+        if not text or m is None or not any(m.groups()):
+            if text.isdigit():
+                return parse_duration(int(text), field)
+            raise ValueError(f"{field}: {value!r} is not a duration (seconds, or e.g. 15m, 2h, 1h30m, 90s)")
+        h, mi, se = (int(g or 0) for g in m.groups())
+        seconds = h * 3600 + mi * 60 + se
+    if seconds < 0 or seconds > MAX_RESERVATION_S:
+        raise ValueError(f"{field}: {value!r} must be between 0s and 7 days")
+    return seconds
+
+
+class Reservation(BaseModel):
+    """When a waiting job of this profile may hold devices for itself (controller/reservation.py).
+
+    Unset times take the controller's cluster-wide defaults (``--reservation-after``, ``--reservation-max-hold``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    enabled: bool = True
+    after_waiting: StrictInt | StrictStr | None = Field(default=None, alias="afterWaiting")
+    max_hold: StrictInt | StrictStr | None = Field(default=None, alias="maxHold")
+
+    @model_validator(mode="after")
+    def _durations(self) -> Reservation:
+        if self.after_waiting is not None:
+            parse_duration(self.after_waiting, "reservation.afterWaiting")
+        if self.max_hold is not None and parse_duration(self.max_hold, "reservation.maxHold") == 0:
+            raise ValueError("reservation.maxHold must be above 0s")
+        return self
+
+    @property
+    def after_waiting_s(self) -> int | None:
+        return None if self.after_waiting is None else parse_duration(self.after_waiting, "afterWaiting")
+
+    @property
+    def max_hold_s(self) -> int | None:
+        return None if self.max_hold is None else parse_duration(self.max_hold, "maxHold")
+
+
 class ClaimProfileSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -137,9 +192,20 @@ class ClaimProfileSpec(BaseModel):
     # A multi-node job: ``pods`` pods, all or nothing (a PodGroup, controller/gang.py), placed per acrossNodes.
     pods: int | None = Field(default=None, ge=2, le=MAX_PODS)
     across_nodes: AcrossNodes | None = Field(default=None, alias="acrossNodes")
+    # Hold devices for a job that waited long enough (issue 33): multi-node or whole-server profiles only.
+    reservation: Reservation | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClaimProfileSpec:
+        if self.reservation is not None and self.pods is None:
+            gpus = sorted({a.count for a in self.alternatives})
+            if gpus != [WHOLE_SERVER_GPUS]:
+                raise ValueError(f"reservation needs a multi-node job (pods) or a whole-server profile (count "
+                                 f"{WHOLE_SERVER_GPUS} in every alternative, got {gpus}): a smaller job does "
+                                 "not wait for a domain to drain, and holding devices for it would waste them")
+        if self.reservation is not None and self.queueing == "Kueue":
+            raise ValueError("reservation cannot be combined with queueing Kueue: Kueue admits the pods, "
+                             "the controller cannot tell how long the job waited")
         if self.across_nodes is not None and self.pods is None:
             raise ValueError("acrossNodes needs pods (how many pods the job has)")
         if self.pods is not None and self.queueing == "Kueue":

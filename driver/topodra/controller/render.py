@@ -19,6 +19,10 @@ Shape of the result (see docs/user-guide.md for the reasoning):
   ``model`` constraint keeps them one model.
 * ``alignCpus`` -> CPU requests for dra-driver-cpu and one NUMA ``matchAttribute`` per group of GPUs
   (controller/cpualign.py, which says why groups).
+* ``reservation`` (on, and reservations on cluster-wide) -> every request and subrequest tolerates this
+  profile's own reservation taint (``reservations.toleration(uid)``), from the start: claims are made from the
+  template when a pod is created and are immutable, so the toleration must be there before any DeviceTaintRule
+  (controller/reserve.py) holds devices for the job; while none does, it changes nothing.
 
 The template carries a hash of its spec so the controller can tell when the
 (immutable) template must be replaced.
@@ -31,7 +35,7 @@ import json
 from itertools import combinations
 from typing import Any
 
-from topodra import DEFAULT_DRIVER_NAME
+from topodra import DEFAULT_DRIVER_NAME, reservations
 from topodra.controller import cpualign
 from topodra.controller.cpualign import DEFAULT_CPU, CpuOptions
 from topodra.controller.profile import (
@@ -139,8 +143,31 @@ def _rail_requests(profile: ClaimProfile, driver: str, nic_class: str) -> tuple[
     return requests, constraints
 
 
+def reserves(profile: ClaimProfile, reservations_on: bool = True) -> bool:
+    """Whether the profile's claims tolerate its reservation: its ``reservation`` is on, and so is the cluster's."""
+    r = profile.spec.reservation
+    return reservations_on and r is not None and r.enabled
+
+
+def with_tolerations(requests: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
+    """Each request (``exactly``) and each ``firstAvailable`` subrequest, tolerating the profile's reservation."""
+    if not uid:
+        raise ProfileError("reservation needs the profile's metadata.uid (its taint value)")
+    tol = reservations.toleration(uid)
+    out: list[dict[str, Any]] = []
+    for req in requests:
+        req = dict(req)
+        if "exactly" in req:
+            req["exactly"] = {**req["exactly"], "tolerations": [dict(tol)]}
+        if "firstAvailable" in req:
+            req["firstAvailable"] = [{**sub, "tolerations": [dict(tol)]} for sub in req["firstAvailable"]]
+        out.append(req)
+    return out
+
+
 def claim_spec(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
-               nic_class: str = DEFAULT_NIC_CLASS, cpu: CpuOptions | None = DEFAULT_CPU) -> dict[str, Any]:
+               nic_class: str = DEFAULT_NIC_CLASS, cpu: CpuOptions | None = DEFAULT_CPU,
+               reservations_on: bool = True) -> dict[str, Any]:
     """The ResourceClaimSpec (``{"devices": ...}``) for a profile; ``cpu`` None renders alignCpus without CPUs."""
     if profile.spec.topology.nic == "RailAligned":
         requests, constraints = _rail_requests(profile, driver, nic_class)
@@ -148,6 +175,8 @@ def claim_spec(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
         request, constraints = _gpu_request(profile, driver)
         requests = [request]
     requests, constraints = cpualign.apply(profile, requests, constraints, driver, cpu)
+    if reserves(profile, reservations_on):
+        requests = with_tolerations(requests, profile.metadata.uid)
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
         devices["constraints"] = constraints
@@ -161,12 +190,15 @@ def spec_hash(spec: dict[str, Any]) -> str:
 
 
 def render_template(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
-                    nic_class: str = DEFAULT_NIC_CLASS, cpu: CpuOptions | None = DEFAULT_CPU) -> dict[str, Any]:
-    """The ResourceClaimTemplate for a profile: same name and namespace, owned by it."""
+                    nic_class: str = DEFAULT_NIC_CLASS, cpu: CpuOptions | None = DEFAULT_CPU,
+                    reservations_on: bool = True) -> dict[str, Any]:
+    """The ResourceClaimTemplate for a profile: same name and namespace, owned by it.
+
+    ``reservations_on``: the controller's ``--reservations``; off, no profile's claims tolerate a reservation."""
     meta = profile.metadata
     template_spec = {
         "metadata": {"labels": {PROFILE_LABEL: meta.name}},
-        "spec": claim_spec(profile, driver=driver, nic_class=nic_class, cpu=cpu),
+        "spec": claim_spec(profile, driver=driver, nic_class=nic_class, cpu=cpu, reservations_on=reservations_on),
     }
     owner = {"apiVersion": API_VERSION, "kind": KIND, "name": meta.name, "uid": meta.uid,
              "controller": True, "blockOwnerDeletion": False}

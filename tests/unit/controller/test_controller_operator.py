@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import copy
 import itertools
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -39,7 +40,9 @@ def _selector_terms(selector: str | None) -> list[tuple[str, str, str]]:
                 terms.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
                 break
         else:
-            raise ValueError(f"FakeKube: unsupported selector term {term!r}")
+            if any(c in term for c in " ()!"):
+                raise ValueError(f"FakeKube: unsupported selector term {term!r}")
+            terms.append((term.strip(), "exists", ""))
     return terms
 
 
@@ -52,9 +55,21 @@ def _field(obj: Obj, dotted: str) -> str:
 
 def _selected(obj: Obj, label_selector: str | None, field_selector: str | None) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    checks = [(labels.get(k, ""), op, v) for k, op, v in _selector_terms(label_selector)]
+    terms = _selector_terms(label_selector)
+    if any(k not in labels for k, op, _v in terms if op == "exists"):
+        return False
+    checks = [(labels.get(k, ""), op, v) for k, op, v in terms if op != "exists"]
     checks += [(_field(obj, k), op, v) for k, op, v in _selector_terms(field_selector)]
     return all((have == want) == (op == "=") for have, op, want in checks)
+
+
+def _merge(cur: Obj, patch: Obj) -> None:
+    """A JSON merge patch, except that a null is kept as None (so tests can read a cleared field as None)."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(cur.get(k), dict):
+            _merge(cur[k], v)
+        else:
+            cur[k] = v
 
 
 class FakeKube:
@@ -70,6 +85,7 @@ class FakeKube:
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
         obj["metadata"].setdefault("uid", f"uid-{next(_uids)}")
+        obj["metadata"].setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         return obj
 
     def get(self, path: str) -> Obj | None:
@@ -81,7 +97,10 @@ class FakeKube:
              field_selector: str | None = None) -> Iterator[Obj]:
         self.calls.append(("LIST", path))
         for p, o in list(self.objs.items()):
-            if p.rsplit("/", 1)[0] == path and _selected(o, label_selector, field_selector):
+            parent = p.rsplit("/", 1)[0]
+            # A namespaced object is in its namespace's collection and in the cluster-wide one.
+            if path in (parent, re.sub(r"/namespaces/[^/]+/", "/", parent)) and _selected(o, label_selector,
+                                                                                          field_selector):
                 yield copy.deepcopy(o)
 
     def create(self, path: str, obj: Obj) -> Obj:
@@ -109,7 +128,7 @@ class FakeKube:
         self.calls.append(("PATCH", path))
         target = path.removesuffix("/status")
         cur = self.objs[target]
-        cur.update(copy.deepcopy(patch))
+        _merge(cur, copy.deepcopy(patch))
         return copy.deepcopy(cur)
 
     def request(self, method: str, path: str, body: Any = None, **_: Any) -> Obj:

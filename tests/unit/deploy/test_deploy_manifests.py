@@ -75,6 +75,9 @@ def test_controller_deployment_args_parse_with_the_controller() -> None:
     controller_main.configure(parser)
     args = parser.parse_args([a.replace("$(POD_NAMESPACE)", NS).replace("$(POD_NAME)", "p") for a in c["args"]])
     assert args.leader_elect and args.all_namespaces and args.lease_namespace == NS
+    # The chart's reservation defaults reach the controller as seconds.
+    assert (args.reservations, args.reservation_after, args.reservation_max_hold, args.max_reservations) == (
+        "on", 900, 7200, 2)
     env = env_of(c)
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     # The Lease role lives where the controller puts its Lease.

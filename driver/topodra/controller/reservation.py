@@ -1,0 +1,255 @@
+"""Which waiting jobs hold a reservation, on which nodes, until when (pure; issue 33).
+
+A job is one ClaimProfile's waiting work: a multi-node profile's gang (its pods not yet bound), or a
+whole-server profile's oldest pending pod. The operator side (``controller/reserve.py``) reads the cluster,
+builds a ``Job`` per profile whose reservation is on (the nodes that could run it, each with its free devices of
+the job's class and the running pods holding the others), calls ``plan`` with ``now`` and writes the result as
+DeviceTaintRules (``topodra.reservations``) and ``status.reservation``.
+
+The rules, in order:
+
+* waiting: pods of the job exist and are pending; waiting since the oldest pending pod's creationTimestamp.
+* eligible: waited at least ``after_s``, and no earlier hold of this same wait ran out (``expired``).
+* a hold is kept while the job waits and ``max_hold_s`` has not passed since it was made; it is released when
+  the job binds (no pending pod left), when its profile is gone (no Job: nothing is kept), or on ``max_hold_s``.
+  A kept hold whose nodes can no longer hold the job (a node gone) is dropped and planned again.
+* at most ``max_reservations`` holds at once; existing holds first, then the oldest eligible jobs.
+* the domain (the job's fabric level; a whole-server job: each node is its own domain) that holds the job
+  soonest: fewest running pods to wait for, then the earliest expected start, then the most free GPUs on the
+  nodes it takes, then the name. Only the nodes the job needs inside that domain are reserved (the rest of the
+  domain stays usable: fewer GPUs held idle).
+* expected start: when the last pod waited for ends, if every one of them declares ``activeDeadlineSeconds``
+  (``startTime`` + deadline); ``now`` when none must end; else unknown (None).
+* one hint (effect None): the domain the oldest waiting job without a hold would get now.
+
+Capacity, how many of the job's pods a set of devices holds (Required placement, one node), is the caller's
+``capacity`` function: the operator passes ``gang.pods_on_node`` (the fleet model's view), tests a count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+HELD: Final = "Held"
+HINT: Final = "Hint"
+EXPIRED: Final = "Expired"
+State = Literal["Held", "Hint"]
+
+Capacity = Callable[[Sequence[Any]], int]
+
+
+@dataclass(frozen=True)
+class RunningPod:
+    """A running pod holding some of the job's kind of devices on one node."""
+
+    name: str  # namespace/name
+    devices: tuple[Any, ...]  # the devices of the job's class it holds there
+    end: float | None  # startTime + activeDeadlineSeconds (epoch seconds); None: no deadline declared
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node the job could run on (schedulable, publishing devices of the job's class)."""
+
+    name: str
+    domain: str | None  # the node's value of the job's level key; None: in no domain of that level
+    free: tuple[Any, ...]  # free devices of the job's class: unallocated, no blocking taint but the job's own
+    running: tuple[RunningPod, ...] = ()
+
+
+@dataclass(frozen=True)
+class Existing:
+    """The reservation the job has now (read back from its DeviceTaintRules)."""
+
+    state: State
+    nodes: tuple[str, ...]
+    domain: str
+    since: float
+
+
+@dataclass(frozen=True)
+class Job:
+    namespace: str
+    name: str
+    uid: str
+    pods: int  # pods still to place (0: the job is not waiting)
+    waiting_since: float | None  # None: not waiting
+    after_s: float
+    max_hold_s: float
+    nodes: tuple[NodeState, ...]
+    capacity: Capacity = field(compare=False)
+    existing: Existing | None = None
+    expired: bool = False  # a hold of this wait already ran out (status.reservation Expired, same waitingSince)
+
+    def __post_init__(self) -> None:
+        if not self.uid:
+            raise ValueError(f"job {self.namespace}/{self.name}: a reservation needs the profile's uid")
+        if self.pods < 0 or self.after_s < 0 or self.max_hold_s <= 0:
+            raise ValueError(f"job {self.namespace}/{self.name}: pods and afterWaiting must not be negative "
+                             f"and maxHold must be positive (got {self.pods}, {self.after_s}, {self.max_hold_s})")
+
+    @property
+    def waiting(self) -> bool:
+        return self.waiting_since is not None and self.pods > 0
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a job fits soonest in one domain: the nodes it takes and what it waits for there."""
+
+    domain: str
+    nodes: tuple[str, ...]
+    waits: tuple[str, ...]  # running pods that must end first
+    expected_start: float | None
+    gpus_free: int  # free devices of the job's class on those nodes now (held idle while reserved)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    namespace: str
+    name: str
+    uid: str
+    state: State
+    place: Place
+    since: float
+    waiting_since: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    reservations: tuple[Reservation, ...]
+    expired: tuple[Job, ...]  # holds released this pass because max_hold_s passed
+    notes: dict[str, str]  # uid -> why the job holds nothing (shown in its status)
+
+    def of(self, uid: str) -> Reservation | None:
+        return next((r for r in self.reservations if r.uid == uid), None)
+
+
+def _slots(node: NodeState, capacity: Capacity) -> list[tuple[int, float, int, tuple[str, ...]]]:
+    """(pods waited for, when they end (inf: unknown), k, their names) of the k-th job pod this node can take.
+
+    Running pods are waited for in the order they end: declared deadlines first, earliest first, then the
+    undeclared ones holding the most devices."""
+    order = sorted(node.running, key=lambda p: (p.end is None, p.end or 0.0, -len(p.devices), p.name))
+    out: list[tuple[int, float, int, tuple[str, ...]]] = []
+    devices = list(node.free)
+    end = -math.inf
+    got = capacity(devices)
+    for k in range(1, got + 1):
+        out.append((0, end, k, ()))
+    for i, pod in enumerate(order, start=1):
+        devices.extend(pod.devices)
+        end = max(end, pod.end if pod.end is not None else math.inf)
+        now_got = capacity(devices)
+        names = tuple(p.name for p in order[:i])
+        for k in range(got + 1, now_got + 1):
+            out.append((i, end, k, names))
+        got = max(got, now_got)
+    return out
+
+
+def place_in(domain: str, nodes: Sequence[NodeState], pods: int, capacity: Capacity, now: float) -> Place | None:
+    """The nodes of one domain that take ``pods`` job pods soonest, or None when the domain cannot hold them."""
+    slots = [(w, end, node.name, k, names) for node in nodes for (w, end, k, names) in _slots(node, capacity)]
+    if len(slots) < pods:
+        return None
+    slots.sort(key=lambda s: (s[0], s[1], s[2], s[3]))
+    taken = slots[:pods]
+    per_node: dict[str, tuple[str, ...]] = {}
+    ends: list[float] = []
+    for w, end, name, _k, names in taken:
+        if len(names) >= len(per_node.get(name, ())):
+            per_node[name] = names
+        if w:
+            ends.append(end)
+    chosen = tuple(sorted(per_node))
+    waits = tuple(sorted({n for names in per_node.values() for n in names}))
+    last = max(ends, default=now)
+    expected = None if math.isinf(last) else max(last, now)
+    free = sum(len(n.free) for n in nodes if n.name in per_node)
+    return Place(domain, chosen, waits, expected, free)
+
+
+def _rank(p: Place) -> tuple[int, float, int, str]:
+    return (len(p.waits), p.expected_start if p.expected_start is not None else math.inf, -p.gpus_free, p.domain)
+
+
+def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset()) -> Place | None:
+    """The domain that holds the job soonest, and the nodes it needs there (None: no domain can)."""
+    by_domain: dict[str, list[NodeState]] = defaultdict(list)
+    for n in job.nodes:
+        if n.domain is not None and n.name not in excluded:
+            by_domain[n.domain].append(n)
+    places = [p for d, nodes in by_domain.items() if (p := place_in(d, nodes, job.pods, job.capacity, now))]
+    return min(places, key=_rank, default=None)
+
+
+def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
+    """Holds to keep, holds to make and the hint, from every job whose reservation is on (see the module)."""
+    if max_reservations < 0:
+        raise ValueError(f"max_reservations must not be negative (got {max_reservations})")
+    uids = [j.uid for j in jobs]
+    if len(set(uids)) != len(uids):
+        raise ValueError("two jobs share a uid")
+    notes: dict[str, str] = {}
+    expired: list[Job] = []
+    kept: list[Reservation] = []
+    oldest = sorted(jobs, key=lambda j: (j.waiting_since if j.waiting_since is not None else math.inf,
+                                         j.namespace, j.name))
+    for job in oldest:
+        ex = job.existing
+        if ex is None or ex.state != HELD or not job.waiting or job.waiting_since is None:
+            continue
+        if now - ex.since >= job.max_hold_s:
+            expired.append(job)
+            notes[job.uid] = f"released after holding {int(now - ex.since)}s (maxHold {int(job.max_hold_s)}s)"
+            continue
+        if len(kept) >= max_reservations:
+            notes[job.uid] = f"released: at most {max_reservations} reservation(s) hold at once"
+            continue
+        mine = [n for n in job.nodes if n.name in ex.nodes]
+        place = place_in(ex.domain, mine, job.pods, job.capacity, now)
+        if place is None:
+            notes[job.uid] = "released: the reserved nodes can no longer hold the job; planning again"
+            continue
+        kept.append(Reservation(job.namespace, job.name, job.uid, HELD, place, ex.since, job.waiting_since))
+    held_nodes = {n for r in kept for n in r.place.nodes}
+    gone = {j.uid for j in expired}
+    made: list[Reservation] = []
+    for job in oldest:
+        if not job.waiting or job.waiting_since is None or any(r.uid == job.uid for r in kept):
+            continue
+        if job.uid in gone or job.expired:
+            notes.setdefault(job.uid, "its reservation ran out (maxHold); not reserved again until the job stops "
+                                      "waiting")
+            continue
+        waited = now - job.waiting_since
+        if waited < job.after_s:
+            notes[job.uid] = f"waiting {int(waited)}s of {int(job.after_s)}s before it may reserve"
+            continue
+        if len(kept) + len(made) >= max_reservations:
+            notes[job.uid] = f"eligible, but {max_reservations} reservation(s) already hold (oldest first)"
+            continue
+        place = choose_place(job, now, frozenset(held_nodes))
+        if place is None:
+            notes[job.uid] = "eligible, but no domain can hold the whole job even when its running pods end"
+            continue
+        made.append(Reservation(job.namespace, job.name, job.uid, HELD, place, now, job.waiting_since))
+        held_nodes.update(place.nodes)
+    holding = {r.uid for r in (*kept, *made)}
+    hint: list[Reservation] = []
+    for job in oldest:
+        if not job.waiting or job.waiting_since is None or job.uid in holding or job.expired or job.uid in gone:
+            continue
+        place = choose_place(job, now, frozenset(held_nodes))
+        if place is None:
+            continue
+        ex = job.existing
+        since = ex.since if ex is not None and ex.state == HINT and ex.nodes == place.nodes else now
+        hint.append(Reservation(job.namespace, job.name, job.uid, HINT, place, since, job.waiting_since))
+        break
+    return Plan(tuple([*kept, *made, *hint]), tuple(expired), notes)

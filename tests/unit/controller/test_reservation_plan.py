@@ -1,0 +1,145 @@
+"""The reservation planner (controller/reservation.py): who waits, who may reserve, where, until when."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from topodra.controller.reservation import (
+    HELD,
+    HINT,
+    Existing,
+    Job,
+    NodeState,
+    RunningPod,
+    choose_place,
+    plan,
+)
+
+NOW = 100_000.0
+
+
+def per(count: int) -> Any:
+    def capacity(devices: Sequence[Any]) -> int:
+        return len(devices) // count
+    return capacity
+
+
+def node(name: str, domain: str | None, free: int, *running: tuple[str, int, float | None]) -> NodeState:
+    """``free`` free GPUs, then (pod, GPUs it holds, its end) for each running pod."""
+    devs = iter(range(1000))
+    return NodeState(name, domain, tuple(f"{name}/{next(devs)}" for _ in range(free)),
+                     tuple(RunningPod(p, tuple(f"{name}/{p}/{i}" for i in range(g)), end) for p, g, end in running))
+
+
+def job(uid: str = "u1", pods: int = 2, waited: float = 1000.0, nodes: Sequence[NodeState] = (),
+        after: float = 600.0, hold: float = 3600.0, existing: Existing | None = None, expired: bool = False,
+        count: int = 8) -> Job:
+    return Job("ml", f"job-{uid}", uid, pods, NOW - waited if pods else None, after, hold, tuple(nodes), per(count),
+               existing, expired)
+
+
+LEAF_A = [node("a1", "A", 8), node("a2", "A", 2, ("ml/s1", 6, None)), node("a3", "A", 0, ("ml/s2", 8, None))]
+LEAF_B = [node("b1", "B", 4, ("ml/s3", 2, None), ("ml/s4", 2, None)), node("b2", "B", 6, ("ml/s5", 2, None))]
+
+
+def test_not_eligible_before_after_waiting_then_the_domain_with_fewest_pods_to_wait_for() -> None:
+    early = plan([job(waited=500, nodes=LEAF_A + LEAF_B)], NOW, 2)
+    assert [r.state for r in early.reservations] == [HINT]  # the hint: where it would go, nothing held
+    assert early.notes["u1"] == "waiting 500s of 600s before it may reserve"
+    p = plan([job(nodes=LEAF_A + LEAF_B)], NOW, 2)
+    (r,) = p.reservations
+    # A: a1 is free, then one pod to wait for (a2's s1 or a3's s2); B needs three (s3, s4, s5).
+    assert (r.state, r.place.domain, r.since, r.waiting_since) == (HELD, "A", NOW, NOW - 1000)
+    assert r.place.nodes == ("a1", "a2") and r.place.waits == ("ml/s1",)  # only the nodes the job needs
+    assert r.place.gpus_free == 10  # a1's 8 and a2's 2 are held idle
+    assert r.place.expected_start is None  # s1 declares no deadline
+
+
+def test_expected_start_is_the_last_deadline_of_the_pods_waited_for_when_all_declare_one() -> None:
+    nodes = [node("a1", "A", 0, ("ml/s1", 4, NOW + 300), ("ml/s2", 4, NOW + 900)),
+             node("a2", "A", 4, ("ml/s3", 4, NOW + 60))]
+    (r,) = plan([job(nodes=nodes)], NOW, 1).reservations
+    assert r.place.waits == ("ml/s1", "ml/s2", "ml/s3") and r.place.expected_start == NOW + 900
+    free = [node("f1", "F", 8), node("f2", "F", 8)]
+    (r,) = plan([job(nodes=nodes + free)], NOW, 1).reservations
+    assert r.place.domain == "F" and r.place.waits == () and r.place.expected_start == NOW
+
+
+def test_equal_waits_prefer_the_earlier_known_end_then_more_free_gpus() -> None:
+    a = [node("a1", "A", 0, ("ml/x", 8, NOW + 500))]
+    b = [node("b1", "B", 0, ("ml/y", 8, NOW + 100))]
+    c = [node("c1", "C", 4, ("ml/z", 4, None))]
+    got = choose_place(job(pods=1, nodes=a + b + c), NOW)
+    assert got is not None and got.domain == "B"
+    got = choose_place(job(pods=1, nodes=a + c), NOW)
+    assert got is not None and got.domain == "A"  # a known end beats an unknown one
+    d = [node("d1", "D", 6, ("ml/w", 2, None))]
+    got = choose_place(job(pods=1, nodes=c + d), NOW)
+    assert got is not None and got.domain == "D"  # one pod each to wait for: D has more free
+
+
+def test_a_domain_too_small_even_when_everything_ends_is_never_chosen() -> None:
+    small = [node("s1", "S", 8)]
+    p = plan([job(pods=2, nodes=[*small, node("x", None, 8)])], NOW, 1)
+    assert p.reservations == ()
+    assert p.notes["u1"] == "eligible, but no domain can hold the whole job even when its running pods end"
+
+
+def test_at_most_max_reservations_oldest_eligible_first_and_the_next_gets_the_hint() -> None:
+    nodes = [node(f"n{i}", "D", 8) for i in range(6)]
+    jobs = [job("young", waited=700, nodes=nodes), job("old", waited=5000, nodes=nodes),
+            job("mid", waited=2000, nodes=nodes)]
+    p = plan(jobs, NOW, 2)
+    held = {r.uid: r for r in p.reservations if r.state == HELD}
+    assert set(held) == {"old", "mid"}
+    assert not set(held["old"].place.nodes) & set(held["mid"].place.nodes)  # no node reserved twice
+    (hint,) = [r for r in p.reservations if r.state == HINT]
+    assert hint.uid == "young" and not set(hint.place.nodes) & {n for r in held.values() for n in r.place.nodes}
+    assert p.notes["young"] == "eligible, but 2 reservation(s) already hold (oldest first)"
+    assert plan(jobs, NOW, 0).reservations[0].state == HINT  # 0: reservations hold nowhere
+
+
+def test_a_hold_is_kept_where_it_is_until_the_job_binds_or_max_hold_passes() -> None:
+    nodes = LEAF_A + LEAF_B
+    ex = Existing(HELD, ("b1", "b2"), "B", NOW - 100)
+    (r,) = plan([job(nodes=nodes, existing=ex)], NOW, 2).reservations
+    assert (r.state, r.place.nodes, r.since) == (HELD, ("b1", "b2"), NOW - 100)  # not moved to the better A
+    bound = plan([job(pods=0, nodes=nodes, existing=ex)], NOW, 2)
+    assert bound.reservations == () and bound.expired == ()  # released: nothing left to wait for
+    late = plan([job(nodes=nodes, existing=Existing(HELD, ("b1", "b2"), "B", NOW - 3600))], NOW, 2)
+    assert late.reservations == () and [j.uid for j in late.expired] == ["u1"]
+    assert late.notes["u1"] == "released after holding 3600s (maxHold 3600s)"
+    again = plan([job(nodes=nodes, expired=True)], NOW, 2)  # the next pass: the status says Expired
+    assert again.reservations == () and "not reserved again until the job stops waiting" in again.notes["u1"]
+
+
+def test_a_hold_whose_nodes_cannot_hold_the_job_any_more_is_planned_again() -> None:
+    ex = Existing(HELD, ("gone", "a1"), "A", NOW - 100)
+    (r,) = plan([job(nodes=LEAF_A + LEAF_B, existing=ex)], NOW, 2).reservations
+    assert r.state == HELD and r.since == NOW and r.place.nodes == ("a1", "a2")
+
+
+def test_a_hint_keeps_its_since_while_it_points_at_the_same_nodes() -> None:
+    ex = Existing(HINT, ("a1", "a2"), "A", NOW - 50)
+    (r,) = plan([job(waited=10, nodes=LEAF_A, existing=ex)], NOW, 2).reservations
+    assert (r.state, r.since) == (HINT, NOW - 50)
+
+
+def test_whole_server_jobs_take_the_node_that_frees_soonest() -> None:
+    nodes = [node("a", "a", 0, ("ml/p", 4, None), ("ml/q", 4, None)), node("b", "b", 6, ("ml/r", 2, None))]
+    (r,) = plan([job(pods=1, nodes=nodes)], NOW, 1).reservations
+    assert r.place.nodes == ("b",) and r.place.waits == ("ml/r",)
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs the profile's uid"):
+        job(uid="")
+    with pytest.raises(ValueError, match="maxHold must be positive"):
+        job(hold=0)
+    with pytest.raises(ValueError, match="two jobs share a uid"):
+        plan([job(), job()], NOW, 1)
+    with pytest.raises(ValueError, match="max_reservations must not be negative"):
+        plan([], NOW, -1)

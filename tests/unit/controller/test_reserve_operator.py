@@ -1,0 +1,174 @@
+"""Reservations against an in-memory API (controller/reserve.py): rules made, kept, released and collected."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from test_controller_operator import PROFILES, FakeKube, add_profile, kube  # noqa: F401 - kube is a fixture
+from test_gang_profile import hgx, node
+
+from topodra import reservations as vocab
+from topodra.apipaths import claim_path, device_taint_rule_path, node_path, pod_path, slices_path, template_path
+from topodra.controller.operator import ControllerConfig, SnapshotCache, process, refresh_all
+from topodra.controller.reservation import HELD, Place, Reservation
+from topodra.controller.reserve import existing_reservations, reconcile_reservations, render_rule
+
+Obj = dict[str, Any]
+CFG = ControllerConfig(snapshot_ttl_s=0, reservation_after_s=60, max_reservations=2)
+D = "gpu.topodra.io"
+SPEC: Obj = {"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], "pods": 2,
+             "acrossNodes": {"sameDomain": ["leafGroup"]}, "reservation": {"afterWaiting": "5m"}}
+RULES = device_taint_rule_path()
+
+
+def ago(seconds: float) -> str:
+    return datetime.fromtimestamp(datetime.now(UTC).timestamp() - seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cluster(k: FakeKube, small: dict[str, int]) -> None:
+    """Nodes n0..n3 in leaf l1, each with 8 H100s; ``small[node]`` 1-GPU pods running there (no deadline)."""
+    for i in range(4):
+        name = f"n{i}"
+        k.create(slices_path(), hgx(name))
+        k.create(node_path(), node(name, leaf_group="l1"))
+        for j in range(small.get(name, 0)):
+            claim = f"{name}-c{j}"
+            k.create(claim_path("ml"), {"metadata": {"name": claim, "namespace": "ml"}, "status": {"allocation": {
+                "devices": {"results": [{"request": "gpus", "driver": D, "pool": name, "device": f"gpu-{j}"}]}}}})
+            k.create(pod_path("ml"), {"metadata": {"name": f"{name}-p{j}", "namespace": "ml"},
+                                      "spec": {"nodeName": name},
+                                      "status": {"phase": "Running", "startTime": ago(100),
+                                                 "resourceClaimStatuses": [{"name": "gpus",
+                                                                            "resourceClaimName": claim}]}})
+
+
+def gang_pods(k: FakeKube, waited: float, n: int = 2) -> None:
+    for i in range(n):
+        k.create(pod_path("ml"), {"metadata": {"name": f"train-{i}", "namespace": "ml",
+                                               "creationTimestamp": ago(waited)},
+                                  "spec": {"schedulingGroup": {"podGroupName": "train"}},
+                                  "status": {"phase": "Pending"}})
+
+
+def refresh(k: FakeKube, cfg: ControllerConfig = CFG) -> Obj:
+    assert refresh_all(k, cfg, SnapshotCache(cfg)) == 0  # type: ignore[arg-type]
+    return dict(k.objs[f"{PROFILES}/train"].get("status") or {})
+
+
+def rules(k: FakeKube) -> dict[str, Obj]:
+    return {name.rsplit("/", 1)[1]: o for name, o in k.objs.items() if name.startswith(RULES + "/")}
+
+
+def test_a_waiting_gang_reserves_the_nodes_with_fewest_pods_then_releases_when_bound(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {"n0": 3, "n1": 1, "n2": 2, "n3": 0})
+    add_profile(kube, SPEC)
+    uid = kube.objs[f"{PROFILES}/train"]["metadata"]["uid"]
+    tmpl = kube.objs.get(template_path("ml", "train"))
+    gang_pods(kube, waited=30)
+    st = refresh(kube)
+    # The template tolerates the profile's own taint from the start.
+    tmpl = kube.objs[template_path("ml", "train")]
+    (req,) = tmpl["spec"]["spec"]["devices"]["requests"]
+    assert req["exactly"]["tolerations"] == [vocab.toleration(uid)]
+    # Waiting 30 s of 5 min: a hint (effect None) only, where it would go.
+    assert st["reservation"]["state"] == "Hint" and st["reservation"]["nodes"] == ["n1", "n3"]
+    assert {r["spec"]["taint"]["effect"] for r in rules(kube).values()} == {"None"}
+
+    for name in [f"train-{i}" for i in range(2)]:
+        kube.objs[f"{pod_path('ml')}/{name}"]["metadata"]["creationTimestamp"] = ago(400)
+    st = refresh(kube)
+    res = st["reservation"]
+    assert (res["state"], res["domain"], res["level"], res["nodes"]) == ("Held", "l1", "leafGroup", ["n1", "n3"])
+    assert (res["gpusHeldIdle"], res["podsToWaitFor"]) == (15, 1) and "expectedStart" not in res
+    got = rules(kube)
+    assert sorted(r["spec"]["deviceSelector"]["pool"] for r in got.values()) == ["n1", "n3"]
+    for r in got.values():
+        assert r["spec"]["taint"] == {"key": vocab.RESERVATION_TAINT_KEY, "value": uid, "effect": "NoSchedule"}
+        assert r["spec"]["deviceSelector"]["driver"] == D
+        assert r["metadata"]["labels"] == {vocab.MANAGED_LABEL: vocab.MANAGED_VALUE, vocab.PROFILE_NS_LABEL: "ml",
+                                           vocab.PROFILE_NAME_LABEL: "train", vocab.UID_LABEL: uid}
+    events = [o["reason"] for p, o in kube.objs.items() if "/events/" in p]
+    assert events.count("Reserved") == 1
+
+    # A second pass changes nothing (the hold is kept, no new writes of rules).
+    before = set(got)
+    refresh(kube)
+    assert set(rules(kube)) == before
+
+    # The gang binds: the rules go, the status is cleared, and an Event says so.
+    for i in range(2):
+        kube.objs[f"{pod_path('ml')}/train-{i}"]["spec"]["nodeName"] = ["n1", "n3"][i]
+    st = refresh(kube)
+    assert rules(kube) == {} and st["reservation"] is None
+    assert [o["reason"] for p, o in kube.objs.items() if "/events/" in p].count("ReservationReleased") == 1
+
+
+def test_a_deleted_profiles_rules_are_collected_and_turning_reservations_off_drops_them(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    add_profile(kube, SPEC)
+    gang_pods(kube, waited=400)
+    refresh(kube)
+    assert len(rules(kube)) == 2
+    # Off cluster-wide: the rules go and the template loses its toleration in the same pass.
+    off = ControllerConfig(snapshot_ttl_s=0, reservations=False)
+    st = refresh(kube, off)
+    assert rules(kube) == {} and st["reservation"] is None
+    (req,) = kube.objs[template_path("ml", "train")]["spec"]["spec"]["devices"]["requests"]
+    assert "tolerations" not in req["exactly"]
+    refresh(kube)
+    assert len(rules(kube)) == 2
+    # The profile disappears while the controller is down: the next pass (a start) deletes its rules.
+    del kube.objs[f"{PROFILES}/train"]
+    assert reconcile_reservations(kube, CFG, "cannot read", []) is None  # type: ignore[arg-type]
+    assert rules(kube) == {}
+
+
+def test_a_stranger_rule_is_never_touched_and_a_profile_turned_off_drops_its_rules_at_once(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    kube.create(RULES, {"metadata": {"name": "admin-drain"}, "spec": {
+        "deviceSelector": {"driver": D, "pool": "n0"}, "taint": {"key": "x.io/drain", "effect": "NoSchedule"}}})
+    add_profile(kube, SPEC)
+    gang_pods(kube, waited=400)
+    st = refresh(kube)
+    assert st["reservation"]["nodes"] == ["n1", "n2"]  # n0's GPUs are drained by the admin's rule
+    body = kube.objs[f"{PROFILES}/train"]
+    body["spec"] = {**SPEC, "reservation": {"enabled": False}}
+    process(kube, kube.get(f"{PROFILES}/train"), CFG, SnapshotCache(CFG))  # type: ignore[arg-type]
+    assert set(rules(kube)) == {"admin-drain"}
+    assert kube.objs[f"{PROFILES}/train"]["status"]["reservation"] is None
+
+
+def test_rules_read_back_as_the_reservation_they_make() -> None:
+    r = Reservation("ml", "train", "u-1", HELD, Place("l1", ("n1", "n2"), (), None, 16), 1000.0, 900.0)
+    made = [render_rule(r, n, D) for n in r.place.nodes]
+    for m in made:
+        m["metadata"]["creationTimestamp"] = "1970-01-01T00:16:40Z"
+    assert existing_reservations([*made, {"metadata": {"name": "stranger"}}], 5.0)["u-1"].nodes == ("n1", "n2")
+    ex = existing_reservations(made, 5.0)["u-1"]
+    assert (ex.state, ex.domain, ex.since) == (HELD, "l1", 1000.0)
+    del made[0]["metadata"]["creationTimestamp"], made[1]["metadata"]["creationTimestamp"]
+    assert existing_reservations(made, 5.0)["u-1"].since == 5.0
+
+
+def test_a_job_no_domain_can_hold_says_why_and_holds_nothing(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    add_profile(kube, {**SPEC, "pods": 5})
+    gang_pods(kube, waited=400, n=5)
+    st = refresh(kube)
+    assert rules(kube) == {}
+    assert st["reservation"]["state"] == "Waiting"
+    assert st["reservation"]["message"] == ("eligible, but no domain can hold the whole job even when its running "
+                                            "pods end")
+
+
+def test_a_rule_read_back_with_the_api_servers_time_added_is_the_same_rule(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    add_profile(kube, SPEC)
+    gang_pods(kube, waited=400)
+    refresh(kube)
+    for r in rules(kube).values():
+        r["spec"]["taint"]["timeAdded"] = "2026-01-01T00:00:00Z"  # as kube-apiserver writes it
+    uids = {r["metadata"]["uid"] for r in rules(kube).values()}
+    refresh(kube)
+    assert {r["metadata"]["uid"] for r in rules(kube).values()} == uids  # kept, not re-made every pass
