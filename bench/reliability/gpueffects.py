@@ -258,7 +258,8 @@ class GpuCampaign(crash.Campaign):
 
     @property
     def kill_delay_s(self) -> float:  # type: ignore[override]
-        """Up to the longest of the last runs, so a kill lands anywhere in recovery, prepare or unprepare."""
+        """Up to the longest of the last runs (to their crash point or end), so a kill lands anywhere in
+        recovery, prepare or unprepare."""
         return max(self._durations[-20:])
 
     def _choose_point(self, unprep: list[ClaimRef], fresh: list[ClaimRef]) -> str:
@@ -279,7 +280,7 @@ class GpuCampaign(crash.Campaign):
         return set().union(*(self.effects_of[r.uid] for r in refs)) if refs else set()
 
     def _ran(self, point: str, fresh: list[ClaimRef], unprep: list[ClaimRef], died: bool) -> None:
-        if not died:
+        if point != crash.EXTERNAL_KILL:  # how long an operation runs, to its crash point or its end
             self._durations.append(time.monotonic() - self._started)
         for effect in self._in_flight(point, fresh, unprep):
             cell = self.cells.setdefault((effect, point), Cell())
