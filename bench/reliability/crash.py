@@ -66,7 +66,6 @@ def fetch(api: dict[tuple[str, str], dict[str, Any]], ref: ClaimRef) -> FetchedC
 def _child(node: Node, point: str | None, api: dict[tuple[str, str], dict[str, Any]],
            prep_calls: Sequence[Sequence[ClaimRef]], unprep_calls: Sequence[Sequence[ClaimRef]], wfd: int) -> None:
     """The plugin process: serve the calls concurrently, report each success on the pipe, exit."""
-    os.setpgid(0, 0)  # its own process group: an external kill takes the helpers it runs (nvidia-smi, MPS client)
     lock = threading.Lock()
 
     def report(line: dict[str, Any]) -> None:
@@ -152,12 +151,10 @@ class Campaign:
             _child(self.node, None if point == EXTERNAL_KILL else point, self.api,
                    _chunks(rng, list(fresh)), _chunks(rng, list(unprep)), wfd)
         os.close(wfd)
-        with contextlib.suppress(OSError):  # also here: the kill below must not beat the child's own call
-            os.setpgid(pid, pid)
         if point == EXTERNAL_KILL:
             time.sleep(rng.uniform(0, self.kill_delay_s))
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)  # the plugin process only: a helper it runs finishes on its own
         raw = b""
         while chunk := os.read(rfd, 65536):
             raw += chunk

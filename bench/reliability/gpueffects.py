@@ -18,7 +18,7 @@ GPUs by memory or not at all:
   time-sliced (the GPU's one level) or with MPS (a daemon per claim, the GPU stays DEFAULT).
 
 Every run goes to the next crash point in turn (each node's list: the points its prepare and unprepare
-reach, and a SIGKILL of the plugin's process group after a random delay up to the longest run seen), so
+reach, and a SIGKILL of the plugin process after a random delay up to the longest run seen), so
 a small run count covers every point.  Each prepare call carries two or three new claims (so
 ``prepare-mid-cdi`` is reached).  After the restart and after the retries: ``common.violations`` and
 ``gpustate.findings`` (no MIG instance, MPS daemon, pipe, tmpfs, exclusive compute mode or time-slice level
