@@ -138,6 +138,7 @@ class MigEffect:
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         """Destroy instances topodra made (journalled) that no entry records; leave everyone else's;
         re-create recorded ones that are gone."""
+        self.journal.clean_temps()  # a kill mid-write leaves one (found by the GPU-effect crash campaign)
         if self.instances is None:
             return Recovered(data)
         recorded = [d.mig for e in data.claims.values() for d in e.devices if d.mig is not None]

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from topodra.atomicfile import remove, write_atomic
+from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimError, ClaimRef
 from topodra.devices import Device
@@ -64,6 +64,10 @@ class TimeSliceIntents:
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.path = Path(state_dir) / self.FILE_NAME
+
+    def clean_temps(self) -> list[Path]:
+        """Remove temp files of a write a kill cut short (at start, under the node lock)."""
+        return remove_stale_temps(self.path.parent, self.FILE_NAME)
 
     def gpus(self) -> set[str]:
         try:
@@ -182,6 +186,8 @@ class TimeSliceEffect:
         go back: on the GPUs of the intent file always, elsewhere where the level can be read (a GPU whose
         level cannot be read, should be Default and is in no intent is left alone: an admin's, or nobody's)."""
         gpus = {d.uuid for d in devices.values() if d.kind == "gpu" and d.uuid}
+        if self.intents is not None:
+            self.intents.clean_temps()
         intended = self.intents.gpus() if self.intents is not None else set()
         stray = sorted(u for u in intended - {u for u, _level in uses(data, devices)} if u in gpus)
         try:
