@@ -19,8 +19,9 @@ GPUs by memory or not at all:
 
 Every run goes to the next crash point in turn (each node's list: the points its prepare and unprepare
 reach, and a SIGKILL of the plugin process after a random delay up to the longest run seen), so
-a small run count covers every point.  Each prepare call carries two or three new claims (so
-``prepare-mid-cdi`` is reached).  After the restart and after the retries: ``common.violations`` and
+a small run count covers every point.  Each run prepares one new claim of each kind of its node, sometimes one
+more (in calls of one or two claims, merged when they queue: then ``prepare-mid-cdi`` is reached).  After the
+restart and after the retries: ``common.violations`` and
 ``gpustate.findings`` (no MIG instance, MPS daemon, pipe, tmpfs, exclusive compute mode or time-slice level
 that no entry records; every recorded one there).  Counted per effect and crash point.
 
