@@ -21,6 +21,7 @@ runs crash with many claims prepared. Anything else is counted as lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -104,10 +105,13 @@ def _chunks(rng: random.Random, items: list[ClaimRef]) -> list[list[ClaimRef]]:
 
 
 class Campaign:
-    """The kubelet's view across runs: which claims it believes prepared, on one node."""
+    """The kubelet's view across runs: which claims it believes prepared, on one node.
 
-    def __init__(self, root: Path, seed: int) -> None:
-        self.node = Node(root).setup()
+    Subclasses (``gpueffects``) change the node, the claims each run makes, the crash point it picks and the
+    checks after the restart and after the retries."""
+
+    def __init__(self, root: Path, seed: int, node: Node | None = None) -> None:
+        self.node = node if node is not None else Node(root).setup()
         self.rng = random.Random(seed)
         self.api: dict[tuple[str, str], dict[str, Any]] = {}
         self.prepared: dict[str, tuple[ClaimRef, list[str]]] = {}  # uid → (ref, devices) the kubelet holds
@@ -138,14 +142,7 @@ class Campaign:
         rng = self.rng
         unprep = [ref for ref, _ in self.prepared.values() if rng.random() < 0.5]
         fresh = self._new_claims()
-        roll = rng.random()
-        point: str | None
-        if roll < 0.3:
-            point = EXTERNAL_KILL
-        elif unprep and (roll < 0.5 or not fresh):
-            point = rng.choice(UNPREPARE_POINTS)
-        else:
-            point = rng.choice(PREPARE_POINTS)
+        point = self._choose_point(unprep, fresh)
         t.by_point[point] = t.by_point.get(point, 0) + 1
         rfd, wfd = os.pipe()
         pid = os.fork()
@@ -155,8 +152,9 @@ class Campaign:
                    _chunks(rng, list(fresh)), _chunks(rng, list(unprep)), wfd)
         os.close(wfd)
         if point == EXTERNAL_KILL:
-            time.sleep(rng.uniform(0, 0.012))
-            os.kill(pid, signal.SIGKILL)
+            time.sleep(rng.uniform(0, self.kill_delay_s))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # the plugin process only: a helper it runs finishes on its own
         raw = b""
         while chunk := os.read(rfd, 65536):
             raw += chunk
@@ -173,6 +171,7 @@ class Campaign:
             answered_unprep.update(msg.get("unprepared", []))
         if code != 0:
             t.crashed += 1
+        self._ran(point, fresh, unprep, died=code != 0)
 
         st = self.node.state()  # the restart
         data = self.node.checkpoint()
@@ -182,14 +181,32 @@ class Campaign:
         for uid in answered_unprep:
             if uid in data.claims:
                 t.lost.append(f"run {run} ({point}): claim {uid} was answered unprepared, back after restart")
-        t.lost.extend(f"run {run} ({point}) after restart: {v}" for v in violations(self.node))
+        t.lost.extend(f"run {run} ({point}) after restart: {v}" for v in self._check(point, fresh, unprep))
 
         self._kubelet_retries(st, run, point, fresh, unprep, answered_prep, answered_unprep)
-        t.lost.extend(f"run {run} ({point}) after retries: {v}" for v in violations(self.node))
+        t.lost.extend(f"run {run} ({point}) after retries: {v}" for v in self._check(point, fresh, unprep))
         want = set(self.prepared)
         got = set(self.node.checkpoint().claims)
         if want != got:
             t.lost.append(f"run {run} ({point}): kubelet holds {sorted(want)}, node has {sorted(got)}")
+
+    kill_delay_s = 0.012  # the external kill comes 0 to this many seconds after the fork
+
+    def _choose_point(self, unprep: list[ClaimRef], fresh: list[ClaimRef]) -> str:
+        """Where this run's plugin dies: an external SIGKILL, or an instrumented point of the operation."""
+        roll = self.rng.random()
+        if roll < 0.3:
+            return EXTERNAL_KILL
+        if unprep and (roll < 0.5 or not fresh):
+            return self.rng.choice(UNPREPARE_POINTS)
+        return self.rng.choice(PREPARE_POINTS)
+
+    def _ran(self, point: str, fresh: list[ClaimRef], unprep: list[ClaimRef], died: bool) -> None:
+        """Hook: a run's plugin process ended (``died``: before answering every call)."""
+
+    def _check(self, point: str, fresh: list[ClaimRef], unprep: list[ClaimRef]) -> list[str]:
+        """The node's broken invariants now (after the restart, and after the kubelet's retries)."""
+        return violations(self.node)
 
     def _kubelet_retries(self, st: DeviceState, run: int, point: str, fresh: list[ClaimRef],
                          unprep: list[ClaimRef], answered_prep: dict[str, list[str]],

@@ -17,14 +17,15 @@ from bench.reliability import cleanup as reliability_cleanup
 from bench.reliability import crash as reliability_crash
 from bench.reliability import disk as reliability_disk
 from bench.reliability import fuzz as reliability_fuzz
+from bench.reliability import gpueffects as reliability_gpueffects
 from bench.reliability import process as reliability_process
 
-PARTS = ("crash", "process", "fuzz", "disk", "cleanup", "apifaults")
+PARTS = ("crash", "gpu-effects", "process", "fuzz", "disk", "cleanup", "apifaults")
 
 
 def count_of(part: str, result: Mapping[str, Any]) -> tuple[int, str]:
     """How much a part did, read from its own result (what the table's count column shows), and its unit."""
-    if part in ("crash", "process"):
+    if part in ("crash", "gpu-effects", "process"):
         return int(result["runs"]), "runs"
     if part == "fuzz":
         return int(result["requests"]), "requests"
@@ -40,6 +41,9 @@ def count_of(part: str, result: Mapping[str, Any]) -> tuple[int, str]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/run reliability", description=__doc__)
     p.add_argument("--crash-runs", type=int, default=500, help="kill -9 runs (default 500)")
+    p.add_argument("--gpu-rounds", type=int, default=25,
+                   help="gpu-effects: passes over every crash point on each of its 3 nodes (default 25: 550 runs; "
+                        "root, MPS mounts tmpfs)")
     p.add_argument("--process-runs", type=int, default=30,
                    help="kill -9 runs on a real plugin process over its socket (default 30; ~1 s each)")
     p.add_argument("--fuzz-requests", type=int, default=10_000, help="fuzzed gRPC requests (default 10000)")
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     if "crash" in parts:
         results["crash"] = reliability_crash.run(args.crash_runs, seed=args.seed, root=args.workdir)
+    if "gpu-effects" in parts:
+        results["gpu-effects"] = reliability_gpueffects.run(args.gpu_rounds, seed=args.seed, root=args.workdir)
     if "process" in parts:
         results["process"] = reliability_process.run(args.process_runs, seed=args.seed, root=args.workdir)
     if "fuzz" in parts:
@@ -108,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or result_file("reliability")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'part':<9} {'count':>8} {'of':<9} {'lost':>5} {'seconds':>8}")
+    if "gpu-effects" in results:
+        print(reliability_gpueffects.table(results["gpu-effects"]))
+    print(f"{'part':<11} {'count':>8} {'of':<9} {'lost':>5} {'seconds':>8}")
     total_lost = 0
     for part, r in results.items():
         count, unit = count_of(part, r)
         total_lost += len(r["lost"])
-        print(f"{part:<9} {count:>8} {unit:<9} {len(r['lost']):>5} {r['seconds']:>8}")
+        print(f"{part:<11} {count:>8} {unit:<9} {len(r['lost']):>5} {r['seconds']:>8}")
         for line in r["lost"][:20]:
             print(f"  LOST {line}", file=sys.stderr)
     print(f"wrote {out}")

@@ -8,7 +8,7 @@ from topodra.effects.base import GpuEffect, Recovered
 from topodra.effects.mig import MigEffect
 from topodra.effects.migjournal import MigJournal
 from topodra.effects.mps import MpsEffect
-from topodra.effects.timeslice import TimeSliceEffect
+from topodra.effects.timeslice import TimeSliceEffect, TimeSliceIntents
 from topodra.sharing.computemode import ComputeModeControl
 from topodra.sharing.instances import MigInstances
 from topodra.sharing.mps import MpsDaemons
@@ -26,4 +26,5 @@ def standard(state_dir: str | os.PathLike[str], *, mig: MigInstances | None = No
     daemons under ``state_dir`` with the binary from ``driver_root`` (None: mock hardware, PATH only) and
     ``compute_mode`` setting EXCLUSIVE_PROCESS on the GPUs they serve whole."""
     daemons = mps if mps is not None else MpsDaemons(state_dir, driver_root=driver_root, compute_mode=compute_mode)
-    return MigEffect(mig, MigJournal(state_dir)), TimeSliceEffect(timeslice), MpsEffect(daemons)
+    return MigEffect(mig, MigJournal(state_dir)), TimeSliceEffect(timeslice, TimeSliceIntents(state_dir)), \
+        MpsEffect(daemons)

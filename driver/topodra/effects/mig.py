@@ -163,6 +163,7 @@ class MigEffect:
 
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         """Re-create recorded instances that are gone; settle the journal once no stray is left."""
+        self.journal.clean_temps()  # a kill mid-write leaves one (found by the GPU-effect crash campaign)
         if self.instances is None:
             return Recovered(data)
         recorded, intents = self._recorded(data), self.journal.keys()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from topodra.atomicfile import remove, write_atomic
+from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.sharing.instances import PlacementKey
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,10 @@ class MigJournal:
         except ValidationError as e:
             log.error("MIG intent journal %s is corrupt (unknown instances will be left alone): %s", self.path, e)
             return set()
+
+    def clean_temps(self) -> list[Path]:
+        """Remove temp files of a journal write a kill cut short (at start, under the node lock)."""
+        return remove_stale_temps(self.path.parent, FILE_NAME)
 
     def keys(self) -> frozenset[PlacementKey]:
         return frozenset(self._load())

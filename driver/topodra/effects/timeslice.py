@@ -3,14 +3,25 @@
 The level belongs to the whole GPU, so this effect's state is a function of the checkpoint: every GPU
 has the level its prepared claims ask for, else Default.  Apply, undo and recovery all set the levels
 ``sharing.timeslice.desired_levels`` gives for some set of claims; the hardware call is its ``apply``.
+
+A real host's tool cannot read a level back (``NvidiaSmiTimeSlice.get_timeslice`` is None), so recovery cannot
+see a level that a killed prepare set before its checkpoint write, or that a killed unprepare did not set back
+after its own.  The intent file (``TimeSliceIntents``) names each GPU that apply may have changed, written
+before the change and cleared once the GPU is back at Default: recovery sets those that no entry wants back
+to Default, and leaves every other GPU (an admin's level) alone.  Found by the GPU-effect crash campaign
+(``bench/reliability/gpueffects.py``; docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
+from topodra.atomicfile import remove, remove_stale_temps, write_atomic
 from topodra.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry
 from topodra.claims import ClaimError, ClaimRef
 from topodra.devices import Device
@@ -43,14 +54,63 @@ def gpus_of(entry: ClaimEntry, devices: Devices) -> set[str]:
             and timeslice.level_of(d.sharing) != timeslice.DEFAULT_LEVEL}
 
 
+class TimeSliceIntents:
+    """``<state_dir>/timeslice-intents.json``: the GPUs whose level this plugin may have moved off Default and not
+    yet set back (see the module).  One owner, ``TimeSliceEffect``, under the node lock; read again on every call
+    (a second plugin process may share the directory).  Unreadable: logged and taken as empty (a level may then
+    stay, as before this file existed; nothing of an admin's is ever reset)."""
+
+    FILE_NAME = "timeslice-intents.json"
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(state_dir) / self.FILE_NAME
+
+    def clean_temps(self) -> list[Path]:
+        """Remove temp files of a write a kill cut short (at start, under the node lock)."""
+        return remove_stale_temps(self.path.parent, self.FILE_NAME)
+
+    def gpus(self) -> set[str]:
+        try:
+            raw = json.loads(self.path.read_bytes())
+            return {str(u) for u in raw["gpus"]}
+        except FileNotFoundError:
+            return set()
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.error("cannot read the time-slice intent file %s (levels a crash left stay): %s", self.path, e)
+            return set()
+
+    def record(self, gpus: Iterable[str]) -> None:
+        """Before setting a level: on disk when this returns (OSError: the level must not be set)."""
+        old = self.gpus()
+        if not set(gpus) <= old:
+            self._write(old | set(gpus))
+
+    def settle(self, gpus: Iterable[str]) -> None:
+        """Make the file name exactly ``gpus``; never raises (a stale GPU is set to what entries want, again)."""
+        want = set(gpus)
+        try:
+            if self.gpus() != want:
+                self._write(want)
+        except OSError as e:
+            log.error("cannot update the time-slice intent file %s: %s", self.path, e)
+
+    def _write(self, gpus: set[str]) -> None:
+        if not gpus:
+            remove(self.path)
+            return
+        write_atomic(self.path, json.dumps({"version": 1, "gpus": sorted(gpus)}).encode(), mode=0o600, sync="data")
+
+
 class TimeSliceEffect:
-    """``control`` None: this node cannot set levels, so claims asking a non-default one fail."""
+    """``control`` None: this node cannot set levels, so claims asking a non-default one fail.  ``intents``:
+    the intent file (None: recovery resets only levels it can read, enough where the control reads them)."""
 
     name = "timeslice"
     crash_point: str | None = None
 
-    def __init__(self, control: TimeSliceControl | None) -> None:
+    def __init__(self, control: TimeSliceControl | None, intents: TimeSliceIntents | None = None) -> None:
         self.control = control
+        self.intents = intents
 
     def check(self, ref: ClaimRef, dev: Device, sharing: Sharing | None, working: CheckpointData,
               devices: Devices, node: str) -> None:
@@ -86,13 +146,26 @@ class TimeSliceEffect:
         levels = timeslice.desired_levels(uses(data, devices), gpus)
         timeslice.apply(self.control, {u: v for u, v in levels.items() if u in gpus}, unknown_default=unknown_default)
 
+    def _settle(self, data: CheckpointData, devices: Devices, gpus: set[str]) -> None:
+        """After ``gpus`` were set to what ``data`` wants: those now at Default leave the intent file."""
+        if self.intents is not None and gpus:
+            wanted = {u for u, _level in uses(data, devices)}
+            self.intents.settle(self.intents.gpus() - (gpus - wanted))
+
     def apply(self, entry: ClaimEntry, applied: CheckpointData, devices: Devices) -> ClaimEntry:
         gpus = gpus_of(entry, devices)
+        if self.intents is not None and self.control is not None:
+            try:
+                self.intents.record(gpus)
+            except OSError as e:
+                raise ClaimError(f"claim {entry.ref}: cannot write the time-slice intent file "
+                                 f"{self.intents.path}: {e}") from e
         try:
             self._set(applied.with_claim(entry), devices, gpus)
         except TimeSliceError as e:
             with contextlib.suppress(TimeSliceError):  # what it set goes back; a failure is recovery's
                 self._set(applied, devices, gpus)
+                self._settle(applied, devices, gpus)
             raise ClaimError(f"claim {entry.ref}: {e}") from e
         return entry
 
@@ -102,6 +175,8 @@ class TimeSliceEffect:
             self._set(final, devices, gpus)
         except TimeSliceError as e:
             log.error("cannot set time-slice levels back (the next start retries): %s", e)
+            return
+        self._settle(final, devices, gpus)
 
     def release_blocker(self, entry: ClaimEntry) -> str | None:
         return None
@@ -112,10 +187,19 @@ class TimeSliceEffect:
 
     def recover(self, data: CheckpointData, devices: Devices) -> Recovered:
         """Levels set by a prepare that crashed before its checkpoint write, or left by a crashed unprepare,
-        go back; a GPU whose level cannot be read and should be Default is left alone."""
+        go back: on the GPUs of the intent file always, elsewhere where the level can be read (a GPU whose
+        level cannot be read, should be Default and is in no intent is left alone: an admin's, or nobody's)."""
+        gpus = {d.uuid for d in devices.values() if d.kind == "gpu" and d.uuid}
+        if self.intents is not None:
+            self.intents.clean_temps()
+        intended = self.intents.gpus() if self.intents is not None else set()
+        stray = sorted(u for u in intended - {u for u, _level in uses(data, devices)} if u in gpus)
         try:
-            self._set(data, devices, {d.uuid for d in devices.values() if d.kind == "gpu" and d.uuid},
-                      unknown_default=False)
+            self._set(data, devices, gpus - intended, unknown_default=False)
+            self._set(data, devices, gpus & intended)  # set even where unreadable: this plugin moved them
         except TimeSliceError as e:
             log.error("cannot reconcile GPU time-slice levels: %s", e)
-        return Recovered(data)
+            return Recovered(data)
+        if self.intents is not None:
+            self.intents.settle((intended - gpus) | {u for u, _level in uses(data, devices)})
+        return Recovered(data, stray=stray)

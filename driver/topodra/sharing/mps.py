@@ -42,7 +42,7 @@ from topodra.sharing import driverbins, mpscontrol, mpspod, mpsshm
 from topodra.sharing.computemode import ComputeMode, ComputeModeControl, ComputeModeError
 from topodra.sharing.config import Mps
 from topodra.sharing.mpscontrol import MpsError
-from topodra.sharing.mpsns import PRELOAD_ENV
+from topodra.sharing.mpsns import PARENT_ENV, PRELOAD_ENV
 from topodra.sharing.mpspod import MpsPods
 
 __all__ = ["MpsDaemons", "MpsError", "claim_env"]
@@ -204,6 +204,7 @@ class MpsDaemons:
         argv, env = self.command(claim_uid, {"CUDA_VISIBLE_DEVICES": ",".join(uuids)})
         if "LD_PRELOAD" in env:  # the control program's; the python launcher runs on the image's own libraries
             env[PRELOAD_ENV] = env.pop("LD_PRELOAD")
+        env[PARENT_ENV] = str(os.getpid())  # the launcher dies with us (mpsns)
         _, logs = self.dirs(claim_uid)
         launcher = [sys.executable, "-m", "topodra.sharing.mpsns", str(self.shm_dir(claim_uid)), *argv, "-d"]
         with open(logs / START_LOG, "ab") as out:
