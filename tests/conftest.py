@@ -174,10 +174,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
 
     def rank(item: pytest.Item) -> int:
-        gated = any(f in getattr(item, "fixturenames", ())
-                    for f in ("workload_cluster", "workload_node_cluster", "resource_beta_cluster"))
+        # A session fixture's handle is bound to the cluster it was made for: a later restart (more gates) leaves
+        # it pointing at a removed state directory. So every restart goes one way, and the fixtures of a rank are
+        # all made after the restart of the rank before: stock, workload gates, beta resource APIs (one test
+        # file, last), then the node tier likewise.
+        names = getattr(item, "fixturenames", ())
+        gated = 2 if "resource_beta_cluster" in names else int(
+            any(f in names for f in ("workload_cluster", "workload_node_cluster")))
         if item.get_closest_marker("node"):
-            return 4 + gated
+            return 5 + gated
         if item.get_closest_marker("cluster"):
             return 2 + gated
         return 0
