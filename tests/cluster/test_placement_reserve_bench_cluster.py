@@ -1,12 +1,13 @@
 """bench/placement policy (g): a short multi-node stream replayed with reservations through the real kube-scheduler.
 
 Five simulated DGX H100 nodes in one scalable unit: leaf group ``la`` of 4 nodes, ``lb`` of 1. Twenty 2-GPU jobs
-fill all 40 GPUs at t=0 (ending one after another from t=900), a 32-GPU gang (4 pods, so only ``la`` can hold
-it) arrives at t=300 when nothing is free, and 1-GPU jobs keep arriving. With ``afterWaiting`` 0 the gang is
-eligible at once, so the replay must make a hold (NoSchedule DeviceTaintRules of the job's uid, which only its
-claims tolerate), the gang must start, and the run must end with every job placed, no type violation and no
-rule left behind. The assertions are on what the benchmark reports and on the API (rules counted before the
-teardown deletes them: ``reservations_leaked``), so a (g) that reserved nothing, or left a rule, fails.
+fill all 40 GPUs at t=0 (ending one after another from t=900 to t=2040); a 32-GPU gang (4 pods, so only ``la``
+can hold it) arrives at t=700, when at most 14 GPUs are free (``tick`` 600 groups the events), and 1-GPU jobs
+keep arriving. With ``afterWaiting`` 0 the gang is eligible at once, so the replay must make a hold (NoSchedule
+DeviceTaintRules of the job's uid, which only its claims tolerate), the gang must start in ``la``, and the run
+must end with every job placed, no type violation and no rule left behind. The assertions are on what the
+benchmark reports and on the API (rules counted before the teardown deletes them: ``reservations_leaked``), so
+a (g) that reserved nothing, or left a rule, fails.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ pytestmark = pytest.mark.cluster
 
 
 def stream() -> list[pm.Job]:
-    fill = [pm.Job(id=i, arrival=0.0, duration=900.0 + 150 * i, gpus=2, prefs="h200>h100") for i in range(20)]
-    big = pm.Job(id=20, arrival=300.0, duration=1200.0, gpus=32, prefs="h200>h100")
-    flow = [pm.Job(id=21 + k, arrival=600.0 + 300 * k, duration=2400.0, gpus=1, prefs="h200>h100") for k in range(8)]
+    fill = [pm.Job(id=i, arrival=0.0, duration=900.0 + 60 * i, gpus=2, prefs="h200>h100") for i in range(20)]
+    big = pm.Job(id=20, arrival=700.0, duration=600.0, gpus=32, prefs="h200>h100")
+    flow = [pm.Job(id=21 + k, arrival=600.0 + 300 * k, duration=1200.0, gpus=1, prefs="h200>h100") for k in range(4)]
     return [*fill, big, *flow]
 
 
@@ -51,7 +52,7 @@ def test_policy_g_reserves_for_the_gang_and_leaves_no_rule(workload_cluster: Any
         env = pb.Env(lc=c.lc, kube=c.kube, inv=inv, node_selector={pb.NODE_LABEL: label},
                      fabric=gang.fabric_of(sim.nodes))
         env.use_policy("g")
-        replay = pb.Replay(env, "g", stream(), tick=120, settle=0.1, timeout=240,
+        replay = pb.Replay(env, "g", stream(), tick=600, settle=0.1, timeout=240,
                            reservation=reserve.Settings(after_s=0, max_hold_s=7200, max_reservations=1))
         replay.setup()
         try:
@@ -66,7 +67,8 @@ def test_policy_g_reserves_for_the_gang_and_leaves_no_rule(workload_cluster: Any
         sim.delete()
 
     m = r.metrics
-    assert (m["jobs"], m["placed"], m["unplaced"]) == (29, 29, 0), m
+    print(f"policy (g) smoke: {r.steps} steps, {r.wall_s:.0f}s, phases {r.phases_s}, metrics {m}")
+    assert (m["jobs"], m["placed"], m["unplaced"]) == (25, 25, 0), m
     assert m["type_violations"] == 0 and m["multi_node_unplaced"] == 0
     assert m["reservations_made"] >= 1, m  # the gang waited with the cluster full: it must have held
     assert m["reservations_leaked"] == 0 and rules_left == []
