@@ -49,8 +49,9 @@ PREFS = (("h200>h100>a100", 0.35), ("h200>h100", 0.25), ("mem80", 0.3), ("h200",
 # Adversarial stream (``--adversarial``, issue 33): a steady flow of 1- and 2-GPU jobs and one 64-GPU job.
 ADVERSARIAL_SIZES = ((1, 0.6), (2, 0.4))
 BIG_JOB_GPUS = 64
-BIG_JOB_PREFS = "h200>h100"  # H100 or H200: two leaf groups of su2 (8 and 10 servers) can hold it, nothing else
-BIG_JOB_AT = 0.25  # it arrives with the small job at this fraction of the stream
+ADVERSARIAL_PREFS = (("h200>h100>a100", 0.4), ("h200>h100", 0.3), ("mem80", 0.3))  # all take an H100
+BIG_JOB_PREFS = "h200>h100"
+BIG_JOB_AT = 0.5  # it arrives with the small job at this fraction of the stream (the cluster full by then)
 
 
 def features(policies: Iterable[str]) -> list[str]:
@@ -61,12 +62,14 @@ def features(policies: Iterable[str]) -> list[str]:
 
 
 def adversarial_jobs(spec: pm.SyntheticSpec, seed: int) -> list[pm.Job]:
-    """``spec.jobs - 1`` small jobs (``ADVERSARIAL_SIZES``, the stream's own preferences, arrival rate for
-    ``spec.load`` of them alone) and one 64-GPU job (``BIG_JOB_PREFS``, the median duration), arriving with the
-    small job at ``BIG_JOB_AT`` of the stream; its id is the last. The big job's GPUs come on top of the load."""
+    """``spec.jobs - 1`` small jobs (``ADVERSARIAL_SIZES``, ``ADVERSARIAL_PREFS``: every one accepts an H100;
+    arrival rate for ``spec.load`` of them alone, burst included) and one 64-GPU job (``BIG_JOB_PREFS``, the
+    median duration), arriving with the small job at ``BIG_JOB_AT`` of the stream; its id is the last. The big
+    job's GPUs come on top of the load. Meant for ``bench/placement/fabric-adversarial.yaml``."""
     if spec.jobs < 2:
         raise pm.WorkloadError("an adversarial stream needs at least 2 jobs (small ones and the 64-GPU one)")
-    small = pm.synthetic_jobs(dataclasses.replace(spec, jobs=spec.jobs - 1, sizes=ADVERSARIAL_SIZES), seed)
+    small = pm.synthetic_jobs(dataclasses.replace(spec, jobs=spec.jobs - 1, sizes=ADVERSARIAL_SIZES,
+                                                  prefs=ADVERSARIAL_PREFS), seed)
     at = small[int(BIG_JOB_AT * len(small))].arrival
     big = pm.Job(id=len(small), arrival=at, duration=spec.median_duration, gpus=BIG_JOB_GPUS, prefs=BIG_JOB_PREFS)
     return [*small, big]

@@ -670,7 +670,7 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
         return f"alibaba:{Path(args.trace).name}[{skip}:{skip + len(jobs)}]", jobs
     spec = pm.SyntheticSpec(jobs=args.jobs, capacity_gpus=capacity, load=args.load, burst_load=args.burst_load)
     if getattr(args, "adversarial", False):
-        return "synthetic-adversarial", gang.adversarial_jobs(dataclasses.replace(spec, prefs=gang.PREFS), seed)
+        return "synthetic-adversarial", gang.adversarial_jobs(spec, seed)
     if args.multinode:
         spec = dataclasses.replace(spec, sizes=gang.SIZES, prefs=gang.PREFS)
         return "synthetic-multinode", pm.synthetic_jobs(spec, seed)

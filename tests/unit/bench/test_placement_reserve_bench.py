@@ -163,12 +163,13 @@ def test_rule_changes_and_leaks() -> None:
 
 
 def test_adversarial_stream_small_jobs_and_one_64_gpu_job() -> None:
-    spec = pm.SyntheticSpec(jobs=40, capacity_gpus=400, prefs=gang.PREFS)
+    spec = pm.SyntheticSpec(jobs=40, capacity_gpus=400)
     jobs = gang.adversarial_jobs(spec, 3)
     assert len(jobs) == 40 and jobs == gang.adversarial_jobs(spec, 3)
     big = [j for j in jobs if j.gpus == 64]
     assert len(big) == 1 and big[0].id == 39 and big[0].prefs == gang.BIG_JOB_PREFS
     assert {j.gpus for j in jobs if j.gpus != 64} <= {1, 2}
+    assert {j.prefs for j in jobs if j.gpus != 64} <= {p for p, _w in gang.ADVERSARIAL_PREFS}
     assert big[0].arrival == jobs[int(gang.BIG_JOB_AT * 39)].arrival
     with pytest.raises(pm.WorkloadError):
         gang.adversarial_jobs(pm.SyntheticSpec(jobs=1), 1)
