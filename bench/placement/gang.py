@@ -26,6 +26,7 @@ Metrics added to a run (``GangTracker``), over the arrival window like the other
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from bench.placement import model as pm
 
 LEAF_LABEL = "topodra.io/leaf-group"
 SPINE_LABEL = "topodra.io/spine-group"
-GANG_POLICIES = frozenset({"e", "f"})
+GANG_POLICIES = frozenset({"e", "f", "g"})
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 TOPOLOGY_KEY = pm.SU_LABEL
 SPINE_FACTOR = 0.9
@@ -45,6 +46,12 @@ GANG_SETTLE = 2.5
 # Synthetic multi-node stream (``--multinode``): sizes up to 64 GPUs (8 servers).
 SIZES = ((1, 0.3), (2, 0.12), (4, 0.12), (8, 0.2), (16, 0.12), (32, 0.09), (64, 0.05))
 PREFS = (("h200>h100>a100", 0.35), ("h200>h100", 0.25), ("mem80", 0.3), ("h200", 0.1))
+# Adversarial stream (``--adversarial``, issue 33): a steady flow of 1- and 2-GPU jobs and one 64-GPU job.
+ADVERSARIAL_SIZES = ((1, 0.6), (2, 0.4))
+BIG_JOB_GPUS = 64
+ADVERSARIAL_PREFS = (("h200>h100>a100", 0.4), ("h200>h100", 0.3), ("mem80", 0.3))  # all take an H100
+BIG_JOB_PREFS = "h200>h100"
+BIG_JOB_AT = 0.5  # it arrives with the small job at this fraction of the stream (the cluster full by then)
 
 
 def features(policies: Iterable[str]) -> list[str]:
@@ -52,6 +59,20 @@ def features(policies: Iterable[str]) -> list[str]:
     from testkit.cluster import TOPOLOGY_SCHEDULING, WORKLOAD_API
 
     return [WORKLOAD_API, TOPOLOGY_SCHEDULING] if GANG_POLICIES & set(policies) else []
+
+
+def adversarial_jobs(spec: pm.SyntheticSpec, seed: int) -> list[pm.Job]:
+    """``spec.jobs - 1`` small jobs (``ADVERSARIAL_SIZES``, ``ADVERSARIAL_PREFS``: every one accepts an H100;
+    arrival rate for ``spec.load`` of them alone, burst included) and one 64-GPU job (``BIG_JOB_PREFS``, the
+    median duration), arriving with the small job at ``BIG_JOB_AT`` of the stream; its id is the last. The big
+    job's GPUs come on top of the load. Meant for ``bench/placement/fabric-adversarial.yaml``."""
+    if spec.jobs < 2:
+        raise pm.WorkloadError("an adversarial stream needs at least 2 jobs (small ones and the 64-GPU one)")
+    small = pm.synthetic_jobs(dataclasses.replace(spec, jobs=spec.jobs - 1, sizes=ADVERSARIAL_SIZES,
+                                                  prefs=ADVERSARIAL_PREFS), seed)
+    at = small[int(BIG_JOB_AT * len(small))].arrival
+    big = pm.Job(id=len(small), arrival=at, duration=spec.median_duration, gpus=BIG_JOB_GPUS, prefs=BIG_JOB_PREFS)
+    return [*small, big]
 
 
 def group_name(job: pm.Job) -> str:
@@ -163,6 +184,8 @@ class GangTracker:
             "in_one_su": len(su) / len(multi) if multi else math.nan,
             "leaf_possible": len(possible),
             "in_leaf_when_possible": len(in_leaf_possible) / len(possible) if possible else math.nan,
+            "wait_p95_s_1to8": pm.percentile([s.start - s.job.arrival for s in states
+                                              if s.start is not None and 0 < s.job.gpus <= 8], 95),
         }
 
 
@@ -184,7 +207,14 @@ TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model
               ("stranded_gpus", "stranded GPUs (mean)", 1),
               ("wait_p95_s.8", "8-GPU wait p95 (s)", 0), ("wait_p95_s.16", "16-GPU wait p95 (s)", 0),
               ("wait_p95_s.32", "32-GPU wait p95 (s)", 0), ("wait_p95_s.64", "64-GPU wait p95 (s)", 0),
+              ("wait_p95_s_1to8", "1-8 GPU wait p95 (s)", 0),
               ("type_violations", "type violations (jobs)", 1),
+              ("reservation_idle_gpu_hours", "GPU-hours held idle by reservations", 0),
+              ("reservations_made", "reservations made", 1), ("reservations_expired", "reservations expired", 1),
+              ("reservations_leaked", "reservations_leaked", 1),
+              ("big_job_wait_s", "adversarial: 64-GPU job's wait (s)", 0),
+              ("big_job_started_in_window", "adversarial: 64-GPU job started in the window", 2),
+              ("big_job_bound_s", "adversarial: its bound, 2 x afterWaiting + longest remaining (s)", 0),
               ("scheduler_pods_per_s", "scheduler pods/s (attempt time)", 1),
               ("scorer_p99_ms", "prioritize p99 (ms)", 2), ("scorer_cpu_p99_ms", "prioritize CPU p99 (ms)", 2)]
 

@@ -49,12 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import REPO, result_file
-from bench.placement import gang, shapes
+from bench.placement import gang, reserve, shapes
 from bench.placement import model as pm
 from testkit import cluster as localcluster
 
+from topodra.apipaths import device_taint_rule_path
 from topodra.classcatalog import catalog, to_device_class
 from topodra.kube import Kube, KubeError, make_transport
+from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
 
 # Placement benchmarks run on a private cluster (own state, ports, lock): they never hold the shared
@@ -358,7 +360,8 @@ class Replay:
     """One (policy, stream) replay in its own namespace."""
 
     def __init__(self, env: Env, policy: str, jobs: Sequence[pm.Job], tick: float, settle: float,
-                 timeout: float, until_window_end: bool = False) -> None:
+                 timeout: float, until_window_end: bool = False,
+                 reservation: reserve.Settings | None = None) -> None:
         self.env = env
         self.until_window_end = until_window_end
         self.kube = env.kube
@@ -377,6 +380,8 @@ class Replay:
         self.pending_reason: dict[str, str] = {}
         self.missed_log: list[dict[str, Any]] = []
         self.gangs = gang.GangTracker(env.inv, env.fabric)
+        self.reserver = (reserve.Reserver(reservation or reserve.Settings(), self.run, self.ns, env.inv, env.fabric)
+                         if policy in reserve.RESERVING_POLICIES else None)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -398,7 +403,14 @@ class Replay:
         wait_for(lambda: self.kube.get(f"{CORE}/namespaces/{self.ns}/serviceaccounts/default"), 60,
                  "the namespace's default ServiceAccount")
 
+    def _rules(self) -> list[dict[str, Any]]:
+        """This replay's reservation DeviceTaintRules (cluster-scoped; labelled with the namespace)."""
+        return list(self.kube.list(device_taint_rule_path(), label_selector=f"{PROFILE_NS_LABEL}={self.ns}"))
+
     def teardown(self) -> None:
+        if self.reserver is not None:  # cluster-scoped: they would hold devices in the next run
+            for r in self._rules():
+                self.kube.delete(device_taint_rule_path(r["metadata"]["name"]))
         self.kube.request("DELETE", self._ns_path("pods"),
                           {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
         self.kube.request("DELETE", self._ns_path("resourceclaims"))
@@ -414,6 +426,8 @@ class Replay:
             self.kube.create(f"{gang.PODGROUPS}/namespaces/{self.ns}/podgroups", group)
         for k, name in enumerate(job.pod_names()):
             claim = pm.claim_for(job, k, self.policy, self.run)
+            if claim is not None and self.reserver is not None and reserve.reserves(job):
+                claim["spec"] = reserve.tolerating(claim["spec"], reserve.job_uid(self.run, job.id))
             if claim is not None:
                 self.kube.create(self._ns_path("resourceclaims"), claim)
             self.kube.create(self._ns_path("pods"), gang.gang_pod(
@@ -541,10 +555,11 @@ class Replay:
                 self.wait_idle()
             with self.phase("read"):
                 placements, used = self.read()
-            for job in self.clock.waiting():
-                ps = [placements.get(n) for n in job.pod_names()]
-                if all(p is not None for p in ps):
-                    self.clock.started(job.id, [p for p in ps if p is not None])
+            self._mark_started(placements)
+            if self.reserver is not None:
+                with self.phase("reserve"):
+                    placements, used = self.reserve_rounds(placements, used)
+                self.reserver.observe(self.clock.now, used)
             self.missed_log += self.missed(used)
             self.gangs.observe(self.clock, arrived, placements, used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
@@ -565,6 +580,11 @@ class Replay:
         sched1 = parse_metrics(self.env.lc.scheduler_metrics())
         metrics = pm.run_metrics(self.clock, self.snaps, self.env.inv)
         metrics.update(self.gangs.metrics(self.clock))
+        metrics.update(reserve.big_job_metrics(self.clock))
+        if self.reserver is not None:
+            waiting = {reserve.job_uid(self.run, j.id) for j in self.clock.waiting()}
+            self.reserver.rules_leaked = reserve.leaked(self._rules(), self.ns, waiting)
+            metrics.update(self.reserver.metrics(self.clock))
         scheduler = self._scheduler_delta(sched0, sched1, wall)
         metrics["scheduler_pods_per_s"] = scheduler["pods_per_busy_s"]
         scorer_text = self.env.scorer_metrics()
@@ -591,6 +611,34 @@ class Replay:
                      "goodput": round(s.goodput, 3), "waiting": s.waiting} for s in self.snaps],
             peak_free_per_node=peak[1], waits=waits, gpus=self.env.inv.total(),
             phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log)
+
+    def _mark_started(self, placements: Mapping[str, pm.Placement]) -> None:
+        for job in self.clock.waiting():
+            ps = [placements.get(n) for n in job.pod_names()]
+            if all(p is not None for p in ps):
+                self.clock.started(job.id, [p for p in ps if p is not None])
+
+    def reserve_rounds(self, placements: dict[str, pm.Placement], used: set[tuple[str, str]],
+                       rounds: int = 3) -> tuple[dict[str, pm.Placement], set[tuple[str, str]]]:
+        """Policy (g): plan at the virtual now, make this replay's DeviceTaintRules match the plan. A released
+        hold frees devices, so the scheduler is given them (idle again, read again) and the plan made again
+        (a bound gang releases its hold), at most ``rounds`` times per step."""
+        assert self.reserver is not None
+        for _ in range(rounds):
+            _plan, want = self.reserver.step(self.clock, placements, used, self.jobs_by_pod)
+            have = {r["metadata"]["name"]: r for r in self._rules()}
+            delete, create = reserve.rule_changes(have, want)
+            for name in delete:
+                self.kube.delete(device_taint_rule_path(name))
+            for rule in create:
+                self.kube.create(device_taint_rule_path(), rule)
+            freed = [n for n in delete if ((have[n].get("spec") or {}).get("taint") or {}).get("effect") == HOLD_EFFECT]
+            if not freed:
+                break
+            self.wait_idle()
+            placements, used = self.read()
+            self._mark_started(placements)
+        return placements, used
 
     @staticmethod
     def _scheduler_delta(m0: Mapping[str, Any], m1: Mapping[str, Any], wall: float) -> dict[str, float]:
@@ -621,6 +669,8 @@ def workload(args: argparse.Namespace, seed: int, capacity: int) -> tuple[str, l
         jobs = pm.alibaba_jobs(args.trace, args.jobs, capacity, args.load, args.fractional, skip=skip)
         return f"alibaba:{Path(args.trace).name}[{skip}:{skip + len(jobs)}]", jobs
     spec = pm.SyntheticSpec(jobs=args.jobs, capacity_gpus=capacity, load=args.load, burst_load=args.burst_load)
+    if getattr(args, "adversarial", False):
+        return "synthetic-adversarial", gang.adversarial_jobs(spec, seed)
     if args.multinode:
         spec = dataclasses.replace(spec, sizes=gang.SIZES, prefs=gang.PREFS)
         return "synthetic-multinode", pm.synthetic_jobs(spec, seed)
@@ -704,7 +754,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
     p.add_argument("--policies", default="a,b,c,d",
-                   help="comma-separated subset of a,b,c,d,dr,e,f (dr: (d') = (d) counting node CPU and memory)")
+                   help="comma-separated subset of a,b,c,d,dr,e,f,g (dr: (d') = (d) counting node CPU and "
+                        "memory; g: (f) + reservations, with --multinode)")
     p.add_argument("--paired", action="store_true",
                    help="run every policy of a seed before the next seed (restarts the scheduler between runs)")
     p.add_argument("--shapes", choices=["fixed", "trace"], default="fixed",
@@ -724,7 +775,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="SimulatedCluster file")
     p.add_argument("--multinode", action="store_true",
                    help="synthetic stream with 16/32/64-GPU jobs (bench/placement/gang.py SIZES); use a fabric "
-                        "cluster (bench/placement/fabric-400.yaml) and policies c,e,f")
+                        "cluster (bench/placement/fabric-400.yaml) and policies c,e,f,g")
+    p.add_argument("--adversarial", action="store_true",
+                   help="with --multinode: a steady flow of 1- and 2-GPU jobs and one 64-GPU job "
+                        "(gang.adversarial_jobs)")
+    p.add_argument("--reserve-after", type=float, default=reserve.Settings.after_s,
+                   help="policy (g): virtual seconds a job waits before it may reserve (afterWaiting; default "
+                        "%(default)s, the controller's --reservation-after)")
+    p.add_argument("--reserve-max-hold", type=float, default=reserve.Settings.max_hold_s,
+                   help="policy (g): virtual seconds a hold lasts at most (maxHold; default %(default)s)")
+    p.add_argument("--max-reservations", type=int, default=reserve.Settings.max_reservations,
+                   help="policy (g): holds at once (default %(default)s)")
+    p.add_argument("--reserve-deadlines", choices=reserve.DEADLINES, default=reserve.Settings.deadlines,
+                   help="policy (g): 'true': the planner knows every running pod's true end (as if it declared "
+                        "activeDeadlineSeconds = its duration: a best case); 'none': no pod declares one")
     p.add_argument("--node-allocatable", metavar="CPUS,MEMORY",
                    help="every node's allocatable instead of its profile's, e.g. 96,384Gi (the trace's own "
                         "8-GPU servers, shapes.TRACE_NODE)")
@@ -759,6 +823,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown policies {bad}; choose from {sorted(pm.POLICIES)}")
     if args.seeds < 1 or args.jobs < 1:
         p.error("--seeds and --jobs must be >= 1")
+    if args.adversarial and not args.multinode:
+        p.error("--adversarial needs --multinode (its 64-GPU job is a gang)")
+    try:
+        reservation_settings(args)
+    except ValueError as e:
+        p.error(str(e))
     try:
         seeds_of(args)
     except ValueError:
@@ -812,7 +882,8 @@ def merge(args: argparse.Namespace) -> int:
             print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
         same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
-                "until_window_end")
+                "until_window_end", "multinode", "adversarial", "reserve_after", "reserve_max_hold",
+                "max_reservations", "reserve_deadlines")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
             print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
@@ -925,10 +996,20 @@ def seeds_of(args: argparse.Namespace) -> list[int]:
     return list(range(args.seed0, args.seed0 + args.seeds))
 
 
+def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
+    """Policy (g)'s parameters from the command line (defaults: ``reserve.Settings``)."""
+    d = reserve.Settings()
+    return reserve.Settings(after_s=getattr(args, "reserve_after", d.after_s),
+                            max_hold_s=getattr(args, "reserve_max_hold", d.max_hold_s),
+                            max_reservations=getattr(args, "max_reservations", d.max_reservations),
+                            deadlines=getattr(args, "reserve_deadlines", d.deadlines))
+
+
 def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunResult:
     name, jobs = workload(args, seed, env.inv.total())
     replay = Replay(env, policy, jobs, args.tick, args.settle, args.run_timeout,
-                    until_window_end=getattr(args, "until_window_end", False))
+                    until_window_end=getattr(args, "until_window_end", False),
+                    reservation=reservation_settings(args))
     replay.setup()
     try:
         r = replay.execute()
@@ -940,6 +1021,13 @@ def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunR
         f"util {m['utilisation']:.3f} goodput {m['goodput']:.3f} stranded {m['stranded_gpus']:.1f} "
         f"p95 wait 8-GPU {m['wait_p95_s'].get('8', math.nan):.0f}s violations {m['type_violations']} "
         f"unplaced {m['unplaced']}; waiting though they fit: {len(r.missed)} job-steps; phases {r.phases_s}")
+    if "reservations_made" in m:
+        log(f"({policy}) seed {seed}: {m['reservations_made']} reservations, "
+            f"{m['reservation_idle_gpu_hours']:.1f} GPU-hours held idle, {m['reservations_expired']} expired, "
+            f"leaked {m['reservations_leaked']}")
+    if "big_job_started" in m:
+        log(f"({policy}) seed {seed}: the 64-GPU job waited {m['big_job_wait_s']:.0f}s "
+            f"(started: {m['big_job_started']}, in the window: {m['big_job_started_in_window']})")
     return r
 
 

@@ -44,8 +44,10 @@ POLICIES: dict[str, str] = {
     "e": "(c), multi-node jobs as a PodGroup gang with a scalable-unit topology constraint (bench/placement/gang.py)",
     "f": "(e) + topodra placement scorer (gang-aware: one leaf group inside the unit)",
     "dr": "(d') (d) with the scorer counting node CPU and memory (--host-resources on)",
+    "g": "(f) + reservations for waiting multi-node and 8-GPU jobs (the controller's planner; "
+         "bench/placement/reserve.py), no backfill",
 }
-SCORER_POLICIES = {"d": "off", "dr": "on", "f": "off"}  # policy -> the scorer's --host-resources
+SCORER_POLICIES = {"d": "off", "dr": "on", "f": "off", "g": "off"}  # policy -> the scorer's --host-resources
 
 # Preference lists: name -> DeviceClass names, in order (classes from topodra's catalog).
 PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -238,7 +240,7 @@ def claim_spec_for(job: Job, policy: str) -> dict[str, Any] | None:
     if policy == "b":
         return {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": {
             "deviceClassName": job.classes[0], "allocationMode": "ExactCount", "count": job.per_pod}}]}}
-    if policy in ("c", "d", "dr", "e", "f"):
+    if policy in ("c", "d", "dr", "e", "f", "g"):
         from topodra.controller.profile import ClaimProfile
         from topodra.controller.render import claim_spec
 

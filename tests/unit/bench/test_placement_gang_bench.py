@@ -9,7 +9,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from bench.placement import gang
+from bench.placement import gang, reserve
 from bench.placement import model as pm
 from test_placement_bench import inventory
 
@@ -102,11 +102,14 @@ def test_tracker_counts_partial_jobs_leaf_containment_and_fabric_goodput() -> No
 def test_table_rows_name_reported_metrics() -> None:
     keys = {k for k, _label, _d in gang.TABLE_ROWS}
     tracker = gang.GangTracker(inventory(NODES), FABRIC)
-    clock = pm.VirtualClock([job(16)])
+    clock = pm.VirtualClock([job(16), job(64, jid=2)])
     clock.advance(0.0)
     clock.due_arrivals()
     tracker.observe(clock, [], {}, set())
-    reported = set(tracker.metrics(clock)) | {"utilisation", "goodput", "unplaced", "stranded_gpus",
+    reserver = reserve.Reserver(reserve.Settings(after_s=0), "run", "ns", inventory(NODES), FABRIC)
+    reserver.first_hold[2] = (0.0, 10.0)  # what a hold of the 64-GPU job records (test_placement_reserve_bench)
+    reported = set(tracker.metrics(clock)) | set(reserver.metrics(clock)) | set(reserve.big_job_metrics(clock)) | {
+                                              "utilisation", "goodput", "unplaced", "stranded_gpus",
                                               "type_violations", "scheduler_pods_per_s", "scorer_p99_ms",
                                               "scorer_cpu_p99_ms"}
     assert {k.split(".")[0] for k in keys} <= reported | {"wait_p95_s"}

@@ -1,0 +1,251 @@
+"""Policy (g) of ``bench/run placement --multinode``: (f) plus reservations for waiting big jobs (issue 33). Pure.
+
+The benchmark plays topodra's controller for reservations, with the controller's own parts: at every step of the
+virtual clock, once the scheduler went idle and the bound pods were read, it builds the pure planner's ``Job``
+(``topodra.controller.reservation``) for each waiting job that reserves, calls ``reservation.plan`` with the
+virtual ``now``, and writes the plan as DeviceTaintRules rendered by ``topodra.controller.reserve.wanted_rules``
+(labels and taint of ``topodra.reservations``). The jobs' claims carry ``reservations.toleration(uid)`` from the
+start (``topodra.controller.render.with_tolerations``, as the controller renders a reserving profile's template).
+Nothing here decides where to reserve: one planner, the controller's.
+
+Which jobs reserve: multi-node jobs (a gang; domain = the leaf group, ``topodra.io/leaf-group``, the level the
+(f) scorer steers a gang into) and 8-GPU whole-server jobs (domain = the node). Each gets a per-job uid
+(``job_uid``: a UUID from the replay's run id and the job id), the taint value and the toleration's.
+
+What the planner is told, from the benchmark's own view:
+
+* waiting since: the job's arrival (virtual seconds), as the controller takes the oldest pending pod's creation;
+* free devices per node: GPUs of a model the job lists, not allocated, and not on a node another job holds;
+* running pods per node: every bound pod with its GPUs, ending at its job's **true virtual end** when
+  ``Settings.deadlines`` is ``"true"`` (the default: as if every pod declared ``activeDeadlineSeconds`` equal to its
+  real duration, a best case, since users' deadlines are upper bounds) or with no end (``"none"``: the planner then
+  ranks by pods to wait for and free GPUs, and has no expected start);
+* existing holds: what the previous step's plan wrote, with its virtual ``since`` (the controller reads its rules'
+  creationTimestamp; on the virtual clock that is the step that created them);
+* expired: a job whose hold ran out (``max_hold_s``) is not reserved again (a bench job waits only once).
+
+No backfill: the planner offers none (a pod without the job's toleration never gets a held device).
+
+Metrics (``Reserver.metrics``, over the arrival window like the others):
+
+* ``reservation_idle_gpu_hours``: GPU-hours of held nodes' GPUs that were free while held (the cost);
+* ``reservations_made`` / ``reservations_expired``: holds made (a job's hold moved to other nodes counts again)
+  and holds released on ``max_hold_s``;
+* ``reservations_leaked``: the benchmark's DeviceTaintRules still in the API when the replay ended whose job is
+  not waiting any more (counted by the runner before it deletes them; ``leaked``);
+* adversarial stream (one 64-GPU job, ``gang.adversarial_jobs``): ``big_job_wait_s`` (NaN: never started),
+  ``big_job_started``, ``big_job_started_in_window`` (before the last arrival), and under (g) ``big_job_bound_s``,
+  the issue's bound: 2 x ``after_s`` + the longest remaining time of the pods its first hold waited for.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.placement import model as pm
+
+from topodra.controller import reservation as rsv
+from topodra.controller.render import with_tolerations
+from topodra.controller.reserve import rule_uid, wanted_rules
+from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
+
+RESERVING_POLICIES = frozenset({"g"})
+_UID_NAMESPACE = uuid.UUID("8f0e4c52-3b9a-4c43-9a57-33a7c3d5e0a1")  # fixed: the same run and job give one uid
+DEADLINES = ("true", "none")
+BIG_GPUS = 64
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The reservation parameters of (g); the defaults are ``topodra controller``'s (``ControllerConfig``)."""
+
+    after_s: float = 900.0  # afterWaiting, virtual seconds
+    max_hold_s: float = 7200.0  # maxHold
+    max_reservations: int = 2
+    deadlines: str = "true"  # "true": running pods end at their true virtual end; "none": no deadline
+
+    def __post_init__(self) -> None:
+        if self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0:
+            raise ValueError(f"reservation settings: afterWaiting must not be negative, maxHold must be positive and "
+                             f"max reservations not negative (got {self.after_s}, {self.max_hold_s}, "
+                             f"{self.max_reservations})")
+        if self.deadlines not in DEADLINES:
+            raise ValueError(f"reservation deadlines must be one of {DEADLINES}, got {self.deadlines!r}")
+
+
+def reserves(job: pm.Job) -> bool:
+    """Multi-node jobs and 8-GPU whole-server jobs reserve; smaller ones never do."""
+    return job.pods > 1 or job.gpus == 8
+
+
+def job_uid(run: str, job_id: int) -> str:
+    """The job's reservation uid (taint value, 36 characters like a profile's metadata.uid)."""
+    return str(uuid.uuid5(_UID_NAMESPACE, f"{run}/{job_id}"))
+
+
+def tolerating(spec: dict[str, Any], uid: str) -> dict[str, Any]:
+    """A claim spec whose every request and subrequest tolerates the job's reservation (the controller's rendering)."""
+    devices = dict(spec["devices"])
+    devices["requests"] = with_tolerations(list(devices["requests"]), uid)
+    return {**spec, "devices": devices}
+
+
+def _capacity(per_pod: int) -> rsv.Capacity:
+    def capacity(devices: Sequence[Any]) -> int:
+        return len(devices) // per_pod  # one model per node, one NVLink domain per DGX: count only
+    return capacity
+
+
+def planner_job(job: pm.Job, run: str, ns: str, inv: pm.NodeCapacity, fabric: Mapping[str, Mapping[str, str]],
+                used: set[tuple[str, str]], pods_on: Mapping[str, Sequence[tuple[str, tuple[str, ...], float | None]]],
+                held_by: Mapping[str, str], settings: Settings, existing: rsv.Existing | None,
+                expired: bool) -> rsv.Job:
+    """The planner's view of one waiting job (module docstring). ``pods_on``: node -> (pod, its GPUs there, its
+    end); ``held_by``: node -> the uid holding it now."""
+    uid = job_uid(run, job.id)
+    models = pm.listed_models(job, inv)
+    per_node = inv.per_node()
+    nodes: list[rsv.NodeState] = []
+    for node in inv.nodes:
+        gpus = per_node.get(node, [])
+        if not gpus or gpus[0].model not in models:
+            continue
+        holder = held_by.get(node)
+        free = () if holder not in (None, uid) else tuple(sorted(g.name for g in gpus if (node, g.name) not in used))
+        domain = node if job.pods == 1 else (fabric.get(node, {}).get("leaf") or None)
+        running = tuple(rsv.RunningPod(name, devs, end) for name, devs, end in pods_on.get(node, ()))
+        nodes.append(rsv.NodeState(node, domain, free, running))
+    return rsv.Job(ns, f"j{job.id:05d}", uid, job.pods, job.arrival, settings.after_s, settings.max_hold_s,
+                   tuple(nodes), _capacity(job.per_pod), existing, expired)
+
+
+def pods_by_node(clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], jobs_by_pod: Mapping[str, pm.Job],
+                 deadlines: str) -> dict[str, list[tuple[str, tuple[str, ...], float | None]]]:
+    """node -> (pod, its GPUs, when it ends) of every bound pod; the end is its job's virtual end under
+    ``deadlines == "true"``, else None (no deadline declared)."""
+    out: dict[str, list[tuple[str, tuple[str, ...], float | None]]] = {}
+    for name, p in sorted(placements.items()):
+        if not p.devices:
+            continue
+        job = jobs_by_pod.get(name)
+        end = clock.states[job.id].end if job is not None and deadlines == "true" else None
+        out.setdefault(p.node, []).append((name, p.devices, end))
+    return out
+
+
+def rule_changes(have: Mapping[str, Mapping[str, Any]],
+                 want: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(rule names to delete, rules to create) that make ``have`` match ``want``: a rule whose taint changed is
+    deleted and created again, as ``controller.reserve.reconcile_reservations`` does."""
+    def taint(r: Mapping[str, Any]) -> Any:
+        return (r.get("spec") or {}).get("taint") or {}
+
+    delete = sorted(n for n, r in have.items() if n not in want or taint(r) != taint(want[n]))
+    create = [dict(r) for n, r in sorted(want.items()) if n not in have or taint(have[n]) != taint(r)]
+    return delete, create
+
+
+def leaked(rules: Iterable[Mapping[str, Any]], ns: str, waiting_uids: set[str]) -> int:
+    """Rules of this replay (``ns``) still in the API whose job is not waiting: a reservation outliving its job."""
+    return sum(1 for r in rules
+               if ((r.get("metadata") or {}).get("labels") or {}).get(PROFILE_NS_LABEL) == ns
+               and rule_uid(dict(r)) not in waiting_uids)
+
+
+@dataclass
+class Reserver:
+    """The benchmark's reservation controller for one replay: plans, the rules it wants, and the metrics."""
+
+    settings: Settings
+    run: str
+    ns: str
+    inv: pm.NodeCapacity
+    fabric: Mapping[str, Mapping[str, str]]
+    driver: str = pm.DRIVER
+    existing: dict[str, rsv.Existing] = field(default_factory=dict)
+    expired: set[str] = field(default_factory=set)
+    made: int = 0
+    expired_count: int = 0
+    series: list[tuple[float, int]] = field(default_factory=list)  # (t, held GPUs free)
+    first_hold: dict[int, tuple[float, float]] = field(default_factory=dict)  # job id -> (since, longest remaining)
+    rules_leaked: int = 0
+
+    def step(self, clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], used: set[tuple[str, str]],
+             jobs_by_pod: Mapping[str, pm.Job]) -> tuple[rsv.Plan, dict[str, dict[str, Any]]]:
+        """Plan at ``clock.now``; returns the plan and the rules it wants (name -> DeviceTaintRule)."""
+        now = clock.now
+        pods_on = pods_by_node(clock, placements, jobs_by_pod, self.settings.deadlines)
+        held_by = {n: uid for uid, ex in self.existing.items() if ex.state == rsv.HELD for n in ex.nodes}
+        waiting = [j for j in clock.waiting() if reserves(j)]
+        jobs = [planner_job(j, self.run, self.ns, self.inv, self.fabric, used, pods_on, held_by, self.settings,
+                            self.existing.get(job_uid(self.run, j.id)), job_uid(self.run, j.id) in self.expired)
+                for j in waiting]
+        result = rsv.plan(jobs, now, self.settings.max_reservations)
+        by_uid = {job_uid(self.run, j.id): j for j in waiting}
+        ends = {name: end for plist in pods_on.values() for name, _d, end in plist}
+        for r in result.reservations:
+            if r.state != rsv.HELD:
+                continue
+            old = self.existing.get(r.uid)
+            if old is None or old.state != rsv.HELD or old.nodes != r.place.nodes:
+                self.made += 1
+            job = by_uid[r.uid]
+            if job.id not in self.first_hold:
+                rest = [(e - now) for w in r.place.waits if (e := ends.get(w)) is not None]
+                unknown = any(ends.get(w) is None for w in r.place.waits)
+                self.first_hold[job.id] = (now, math.inf if unknown else max(rest, default=0.0))
+        self.expired |= {j.uid for j in result.expired}
+        self.expired_count += len(result.expired)
+        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since)
+                         for r in result.reservations}
+        return result, wanted_rules(result, self.driver)
+
+    def held_nodes(self) -> set[str]:
+        return {n for ex in self.existing.values() if ex.state == rsv.HELD for n in ex.nodes}
+
+    def observe(self, t: float, used: set[tuple[str, str]]) -> None:
+        """GPUs free on held nodes now (held idle until the next step)."""
+        held = self.held_nodes()
+        idle = sum(1 for (node, dev) in self.inv.gpus if node in held and (node, dev) not in used)
+        self.series.append((t, idle))
+
+    def metrics(self, clock: pm.VirtualClock) -> dict[str, Any]:
+        states = list(clock.states.values())
+        t0 = min(s.job.arrival for s in states)
+        t1 = clock.last_arrival
+        snaps = [_Idle(t, n) for t, n in self.series]
+        idle = pm.time_average(snaps, "idle", t0, t1)  # type: ignore[arg-type]
+        out: dict[str, Any] = {"reservation_idle_gpus": idle, "reservation_idle_gpu_hours": idle * (t1 - t0) / 3600,
+                               "reservations_made": self.made, "reservations_expired": self.expired_count,
+                               "reservations_leaked": self.rules_leaked}
+        big = [s for s in states if s.job.gpus == BIG_GPUS]
+        if len(big) == 1 and big[0].job.id in self.first_hold:
+            _since, rest = self.first_hold[big[0].job.id]
+            out["big_job_bound_s"] = 2 * self.settings.after_s + rest
+        return out
+
+
+def big_job_metrics(clock: pm.VirtualClock) -> dict[str, Any]:
+    """The 64-GPU job of an adversarial stream (exactly one such job; else nothing): its wait, whether it started."""
+    big = [s for s in clock.states.values() if s.job.gpus == BIG_GPUS]
+    if len(big) != 1:
+        return {}
+    s = big[0]
+    started = s.start is not None
+    return {"big_job_wait_s": (s.start - s.job.arrival) if s.start is not None else math.nan,
+            "big_job_started": int(started),
+            "big_job_started_in_window": int(s.start is not None and s.start <= clock.last_arrival)}
+
+
+def hold_rules(rules: Iterable[Mapping[str, Any]]) -> int:
+    return sum(1 for r in rules if ((r.get("spec") or {}).get("taint") or {}).get("effect") == HOLD_EFFECT)
+
+
+@dataclass(frozen=True)
+class _Idle:
+    t: float
+    idle: int
