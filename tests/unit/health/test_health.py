@@ -440,6 +440,17 @@ def test_readiness_fails_on_a_socket_that_exists_but_does_not_answer(short_dir: 
             s.close()
 
 
+class QuietSource:
+    """A health source that opens and reports nothing."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def wait_events(self, timeout: float) -> list[Observation]:
+        return []
+    def poll(self) -> list[Observation]:
+        return []
+
+
 def test_restart_carries_published_taints_for_one_hold_time() -> None:
     """Our taints read back from the slices are kept ``hold`` more seconds; admins' taints are not ours."""
     devices = [Device(name="gpu-0", kind="gpu"), Device(name="gpu-1", kind="gpu")]
@@ -453,16 +464,8 @@ def test_restart_carries_published_taints_for_one_hold_time() -> None:
     assert found == {"gpu-0": [xid]}
     inv = Inventory(devices)
 
-    class Quiet:
-        def open(self) -> None: ...
-        def close(self) -> None: ...
-        def wait_events(self, timeout: float) -> list[Observation]:
-            return []
-        def poll(self) -> list[Observation]:
-            return []
-
     clock = Clock()
-    mon = HealthMonitor(inv, lambda devs: Quiet(), hold_seconds=60, poll_interval=1, clock=clock)
+    mon = HealthMonitor(inv, lambda devs: QuietSource(), hold_seconds=60, poll_interval=1, clock=clock)
     mon.adopt(found)
     assert mon.taints() == {"gpu-0": (xid,)}  # timeAdded kept
     assert mon.snapshot.states["gpu-0"].unhealthy
@@ -486,16 +489,11 @@ def test_a_monitor_that_cannot_read_the_hardware_says_so_and_clears_when_it_can(
     broken = [True]
     opened: list[int] = []
 
-    class NvmlLike:
+    class NvmlLike(QuietSource):
         def open(self) -> None:
             if broken[0]:
                 raise RuntimeError("NVML_ERROR_LIBRARY_NOT_FOUND")
             opened.append(1)
-        def close(self) -> None: ...
-        def wait_events(self, timeout: float) -> list[Observation]:
-            return []
-        def poll(self) -> list[Observation]:
-            return []
 
     clock = Clock()
     mon = HealthMonitor(inv, lambda devs: NvmlLike(), hold_seconds=60, poll_interval=1, clock=clock)
@@ -532,14 +530,6 @@ def test_a_restart_does_not_carry_over_an_unmonitored_taint() -> None:
     mark = DeviceTaint(UNMONITORED_KEY, "RuntimeError", Effect.NONE, 1_700_000_000)
     assert DeviceTaint.from_api(mark.to_api()) == mark  # ours: read back from the slices
 
-    class Quiet:
-        def open(self) -> None: ...
-        def close(self) -> None: ...
-        def wait_events(self, timeout: float) -> list[Observation]:
-            return []
-        def poll(self) -> list[Observation]:
-            return []
-
-    mon = HealthMonitor(Inventory(devices), lambda devs: Quiet(), hold_seconds=60, poll_interval=1, clock=Clock())
+    mon = HealthMonitor(Inventory(devices), lambda devs: QuietSource(), hold_seconds=60, poll_interval=1, clock=Clock())
     mon.adopt({"gpu-0": [mark]})
     assert mon.taints() == {}
