@@ -55,6 +55,7 @@ from testkit import cluster as localcluster
 
 from topodra.apipaths import device_taint_rule_path
 from topodra.classcatalog import catalog, to_device_class
+from topodra.controller.reserve import rule_changes
 from topodra.kube import Kube, KubeError, make_transport
 from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
@@ -627,7 +628,7 @@ class Replay:
         for _ in range(rounds):
             _plan, want = self.reserver.step(self.clock, placements, used, self.jobs_by_pod)
             have = {r["metadata"]["name"]: r for r in self._rules()}
-            delete, create = reserve.rule_changes(have, want)
+            delete, create = rule_changes(have, want)
             for name in delete:
                 self.kube.delete(device_taint_rule_path(name))
             for rule in create:

@@ -137,18 +137,6 @@ def pods_by_node(clock: pm.VirtualClock, placements: Mapping[str, pm.Placement],
     return out
 
 
-def rule_changes(have: Mapping[str, Mapping[str, Any]],
-                 want: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """(rule names to delete, rules to create) that make ``have`` match ``want``: a rule whose taint changed is
-    deleted and created again, as ``controller.reserve.reconcile_reservations`` does."""
-    def taint(r: Mapping[str, Any]) -> Any:
-        return (r.get("spec") or {}).get("taint") or {}
-
-    delete = sorted(n for n, r in have.items() if n not in want or taint(r) != taint(want[n]))
-    create = [dict(r) for n, r in sorted(want.items()) if n not in have or taint(have[n]) != taint(r)]
-    return delete, create
-
-
 def leaked(rules: Iterable[Mapping[str, Any]], ns: str, waiting_uids: set[str]) -> int:
     """Rules of this replay (``ns``) still in the API whose job is not waiting: a reservation outliving its job."""
     return sum(1 for r in rules

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -123,6 +123,15 @@ def same_rule(have: Obj, want: Obj) -> bool:
         taint = spec.get("taint") or {}
         return (spec.get("deviceSelector"), taint.get("key"), taint.get("value"), taint.get("effect"))
     return key(have) == key(want)
+
+
+def rule_changes(have: Mapping[str, Obj], want: Mapping[str, Obj]) -> tuple[list[str], list[Obj]]:
+    """(rule names to delete, rules to create) that make ``have`` (read back, by name) match ``want`` (pure): a
+    rule whose selector or taint changed is deleted and created again; one that only gained the API server's
+    ``timeAdded`` is kept (``same_rule``). The operator and ``bench/placement`` (policy (g)) both apply it."""
+    delete = sorted(n for n, r in have.items() if n not in want or not same_rule(r, want[n]))
+    create = [dict(r) for n, r in sorted(want.items()) if n not in have or not same_rule(have[n], r)]
+    return delete, create
 
 
 def ours(rule: Obj) -> bool:
@@ -383,18 +392,17 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
     result = plan(jobs, now, cfg.max_reservations)
     want = wanted_rules(result, cfg.driver)
     have = {r["metadata"]["name"]: r for r in rules}
-    for name, r in have.items():
-        if name not in want or not same_rule(r, want[name]):
-            kube.delete(device_taint_rule_path(name))
-            if rule_uid(r) not in live:
-                log.info("reservations: deleted DeviceTaintRule %s of a profile that no longer exists", name)
-    for name, r in want.items():
-        if name not in have or not same_rule(have[name], r):
-            try:
-                kube.create(device_taint_rule_path(), r)
-            except KubeError as e:
-                if e.status != 409:
-                    raise
+    delete, create = rule_changes(have, want)
+    for name in delete:
+        kube.delete(device_taint_rule_path(name))
+        if rule_uid(have[name]) not in live:
+            log.info("reservations: deleted DeviceTaintRule %s of a profile that no longer exists", name)
+    for r in create:
+        try:
+            kube.create(device_taint_rule_path(), r)
+        except KubeError as e:
+            if e.status != 409:
+                raise
     expired_now = {j.uid for j in result.expired}
     for job in jobs:
         body = bodies[job.uid]

@@ -5,6 +5,7 @@ Pure: the inventory comes from hand-written slices (test_placement_bench.fake_sl
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from test_placement_bench import inventory
 
 from topodra import reservations as vocab
 from topodra.controller import reservation as rsv
+from topodra.controller.reserve import rule_changes
 
 # two leaf groups of H100 (la: 2 nodes, lb: 3 nodes) and one H200 node
 NODES = {"a1": "h100", "a2": "h100", "b1": "h100", "b2": "h100", "b3": "h100", "h1": "h200"}
@@ -154,9 +156,15 @@ def test_rule_changes_and_leaks() -> None:
 
     have = {"keep": rule("keep", "NoSchedule"), "gone": rule("gone", "NoSchedule"), "flip": rule("flip", "None")}
     want = {"keep": rule("keep", "NoSchedule"), "flip": rule("flip", "NoSchedule"), "new": rule("new", "None")}
-    delete, create = reserve.rule_changes(have, want)
+    delete, create = rule_changes(have, want)
     assert delete == ["flip", "gone"] and [c["metadata"]["name"] for c in create] == ["flip", "new"]
-    assert reserve.rule_changes(want, want) == ([], [])
+    assert rule_changes(want, want) == ([], [])
+    # Read back, a rule carries the API server's timeAdded: still the same rule (the bench re-made every rule
+    # on every step with its own copy of this comparison, which counted it).
+    stamped = copy.deepcopy(want)
+    for r in stamped.values():
+        r["spec"]["taint"]["timeAdded"] = "2026-12-03T18:00:00Z"  # type: ignore[index]
+    assert rule_changes(stamped, want) == ([], [])
     rules = [rule("a", "NoSchedule", "u1"), rule("b", "NoSchedule", "u2"), rule("c", "NoSchedule", "u3", ns="other")]
     assert reserve.leaked(rules, "ns", {"u1"}) == 1  # u2's job is not waiting; u3 is another replay's
     assert reserve.hold_rules(rules) == 3
