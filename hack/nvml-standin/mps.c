@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -239,6 +240,7 @@ static int serve(const char *self_dir, int ready_fd) {
     sa.sa_handler = on_term;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that dies while we answer costs that answer (EPIPE), not the daemon */
     FILE *in = fdopen(fd, "r");
     char line[512];
     while (!stop && fgets(line, sizeof line, in)) {
@@ -248,8 +250,17 @@ static int serve(const char *self_dir, int ready_fd) {
         char reply[PATH_MAX * 2];
         if (strchr(line, '/')) snprintf(reply, sizeof reply, "%s", line);
         else snprintf(reply, sizeof reply, "%s/%s", pipe_dir, line);
-        FILE *out = fopen(reply, "we"); /* not inherited by a server we start */
-        if (!out) continue;
+        /* The client opened its reply FIFO for reading before it wrote the command, so a writer's open succeeds at
+         * once while it lives. O_NONBLOCK: a client killed since then leaves no reader, and open fails with ENXIO
+         * (fifo(7)) instead of blocking the daemon for every later client. */
+        int rfd = open(reply, O_WRONLY | O_NONBLOCK | O_CLOEXEC); /* not inherited by a server we start */
+        if (rfd < 0) { /* the command was sent, so it is carried out; only its answer has nowhere to go */
+            logline("no client reads %s (%s): answer dropped", line, strerror(errno));
+            rfd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        }
+        if (rfd >= 0) fcntl(rfd, F_SETFL, fcntl(rfd, F_GETFL) & ~O_NONBLOCK);
+        FILE *out = rfd >= 0 ? fdopen(rfd, "w") : NULL;
+        if (!out) { if (rfd >= 0) close(rfd); continue; }
         logline("CMD: %s", space + 1);
         int quit = handle(space + 1, out, self_dir);
         fclose(out);
@@ -304,14 +315,24 @@ static int client(void) {
         snprintf(reply, sizeof reply, "%s/%s", pipe_dir, name);
         unlink(reply);
         if (mkfifo(reply, 0600) != 0) { perror(reply); close(fd); return 1; }
+        /* Reader first (O_NONBLOCK: no writer yet), so the daemon's non-blocking open finds us (see serve). */
+        int rfd = open(reply, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (rfd < 0) { perror(reply); close(fd); unlink(reply); return 1; }
         char msg[PATH_MAX + 400];
         int len = snprintf(msg, sizeof msg, "%s %s%s", name, line, strchr(line, '\n') ? "" : "\n");
         if (write(fd, msg, (size_t)len) != len) { perror("write"); rc = 1; }
         close(fd);
-        FILE *in = fopen(reply, "r");
+        /* Until the daemon has opened and closed its end: on Linux a FIFO reader polls POLLHUP only once a writer
+         * has come and gone (pipe_poll), so poll waits for the answer rather than reading an early EOF. */
         char buf[256];
-        while (in && fgets(buf, sizeof buf, in)) fputs(buf, stdout);
-        if (in) fclose(in);
+        struct pollfd p = {.fd = rfd, .events = POLLIN};
+        while (rc == 0 && poll(&p, 1, -1) >= 0) {
+            ssize_t got = read(rfd, buf, sizeof buf);
+            if (got > 0) { fwrite(buf, 1, (size_t)got, stdout); continue; }
+            if (got == 0 || errno != EAGAIN) break;
+        }
+        fflush(stdout);
+        close(rfd);
         unlink(reply);
         if (!strncmp(line, "quit", 4)) break;
     }

@@ -11,7 +11,6 @@ Split by tier; the rest: tests/node/test_extended_resource_node.py, tests/unit/d
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,11 +19,12 @@ from test_scheduling_topology import Scenario, one, scenario_maker
 from testkit.extres import ext_claim, ext_pod
 from testkit.handle import ClusterHandle, wait_for
 
-from topodra.apipaths import claim_path, node_path, pod_path
+from topodra.apipaths import claim_path, node_path
 from topodra.kube import KubeError
 
 Obj = dict[str, Any]
 GPU = "gpu.topodra.io/gpu"
+SEEN_LABEL = "test.topodra.io/seen"  # a later write to the Node than its status: see the device-plugin test
 
 
 # --- simulated nodes, real scheduler ------------------------------------------------------------
@@ -118,31 +118,20 @@ def test_device_plugin_resource_on_a_node_wins_over_dra(scenarios: Callable[...,
     s.kube.request("PATCH", node_path(node) + "/status",
                    {"status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "8"}}},
                    content_type="application/merge-patch+json")
-    # The scheduler learns of the new allocatable from its Node informer, which may lag under load; a pod
-    # it places meanwhile gets DRA devices because the node did not advertise the name yet. Such a pod
-    # proves only the lag: it is removed (with the claim the scheduler made for it) and the next one asked.
-    deadline = time.monotonic() + 60
-    for attempt in range(1000):
-        name = f"dp-{attempt}"
-        s.create(ext_pod(name, {GPU: 2}, [node]))
-        wait_for(lambda n=name: s.get_pod(n)["spec"].get("nodeName") == node,  # type: ignore[misc]
-                 max(1.0, deadline - time.monotonic()), f"pod {name} bound to the device-plugin node")
-        st = s.get_pod(name).get("status") or {}
-        if not st.get("extendedResourceClaimStatus"):
-            break
-        assert time.monotonic() < deadline, f"the scheduler still makes DRA claims on {node}: {st}"
-        s.kube.request("DELETE", pod_path(s.ns, name),
-                       {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
-        wait_for(lambda: not list(s.kube.list(claim_path(s.ns))), 60, f"the claim of {name} gone with it")
-    assert not [c for c in s.kube.list(claim_path(s.ns))], "no DRA claim for a device-plugin node"
-    # From the first pod served from allocatable on, the scheduler's view has the node's allocatable: every
-    # later pod must be served the same way (a scheduler that does so only some of the time fails here).
-    for k in range(3):
-        name = f"dp-confirm-{k}"
-        s.create(ext_pod(name, {GPU: 1}, [node]))
+    # The scheduler learns of the new allocatable from its Node informer, which may lag under load. A later write
+    # to the same Node (a label) reaches that informer after the status write, so a pod that may only go where
+    # the label is set proves, by being bound, that the scheduler's Node holds the allocatable: from that first
+    # pod on, every pod must be served from allocatable (one DRA claim, even once, fails the test).
+    seen = f"s{s.run}"
+    s.kube.request("PATCH", node_path(node), {"metadata": {"labels": {SEEN_LABEL: seen}}},
+                   content_type="application/merge-patch+json")
+    for k, count in enumerate((2, 1, 1, 1)):
+        name = f"dp-{k}"
+        s.create(ext_pod(name, {GPU: count}, [seen], node_label=SEEN_LABEL))
         wait_for(lambda n=name: s.get_pod(n)["spec"].get("nodeName") == node,  # type: ignore[misc]
                  60, f"pod {name} bound to the device-plugin node")
-        assert not (s.get_pod(name).get("status") or {}).get("extendedResourceClaimStatus"), name
+        st = s.get_pod(name).get("status") or {}
+        assert not st.get("extendedResourceClaimStatus"), f"the scheduler made a DRA claim on {node}: {st}"
     assert not [c for c in s.kube.list(claim_path(s.ns))], "no DRA claim for a device-plugin node"
     # ...while a claim on the same node still gets DRA devices: both pools hand out the same GPUs.
     s.hold_first_gpu(node, "claim-pod")

@@ -22,6 +22,7 @@ import pytest
 from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
 from testkit.pluginproc import CDI_ROOT, DRIVER, PluginProcess
+from testkit.sliceseen import scheduler_has_seen_slices
 
 from topodra.apipaths import claim_path, profile_path, slices_path
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.node
 R = "/apis/resource.k8s.io/v1"
 HOLD = 3.0
 XID = "gpu.topodra.io/xid"
+CONFIRM_PODS = 2  # more pods refused after the first, each a fresh scheduling of the same tainted GPUs
 
 
 class Faults:
@@ -202,12 +204,13 @@ class Repeater:
 def wait_blocked(nc: ClusterHandle, ns: str, timeout: float = 60) -> str:
     """A pod of template ``plain`` the scheduler reports Unschedulable on the tainted GPUs; returns its name.
 
-    The taints are in the API, but the scheduler learns of them from its informers, which may lag under
-    load: a pod it allocates meanwhile proves only the lag, so it is deleted and the next one is asked.
-    Taints the scheduler never honours still fail here, at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    for attempt in range(1000):
-        name = f"blocked-{attempt}"
+    The taints are in the API, but the scheduler learns of them from its slice informer, which may lag under
+    load. So first a positive signal that the informer holds them (``scheduler_has_seen_slices``); from then on
+    the first pod must be refused, and so must the next ones: a scheduler that lets a tainted GPU through even
+    once fails here."""
+    scheduler_has_seen_slices(nc.kube, ns, timeout)
+    for k in range(1 + CONFIRM_PODS):
+        name = f"blocked-{k}"
         pod(nc, ns, name, "plain", "true")
 
         def outcome(name: str = name) -> str | None:
@@ -217,11 +220,11 @@ def wait_blocked(nc: ClusterHandle, ns: str, timeout: float = 60) -> str:
                 return "unschedulable"
             return "allocated" if p["spec"].get("nodeName") else None
 
-        if wait_for(outcome, max(1.0, deadline - time.monotonic()), f"pod {name} decided") == "unschedulable":
-            return name
-        delete_pod(nc, ns, name)
-        assert time.monotonic() < deadline, "the scheduler still allocates GPUs tainted NoSchedule"
-    raise AssertionError("unreachable")
+        assert wait_for(outcome, timeout, f"pod {name} decided") == "unschedulable", \
+            f"the scheduler placed {name} on GPUs tainted NoSchedule"
+        if k < CONFIRM_PODS:
+            delete_pod(nc, ns, name)
+    return f"blocked-{CONFIRM_PODS}"
 
 
 # ---------------- tests

@@ -312,9 +312,7 @@ class FakeMig:
         _, uuid = self._mig_gpu(h)
         with self._mig_state(write=False) as st:
             found = [x.id for x in st.gpus.get(uuid, []) if x.profileId == int(profile_id)]
-        count = _deref(count_ref)
-        if count.value < len(found):
-            raise _err("InsufficientSize")
+        count = _deref(count_ref)  # output only (nvml.h); the buffer holds the profile's instanceCount
         for i, gi in enumerate(found):
             out[i] = FakeGpuInstanceHandle(h.index, gi)
         count.value = len(found)
@@ -391,9 +389,7 @@ class FakeMig:
         with self._mig_state(write=False) as st:
             x = self._find_gi(st.gpus.get(uuid, []), handle.gi)
             found = [c.id for c in x.computeInstances if c.profileId == int(profile_id)]
-        count = _deref(count_ref)
-        if count.value < len(found):
-            raise _err("InsufficientSize")
+        count = _deref(count_ref)  # output only (nvml.h); the buffer holds the profile's instanceCount
         for i, ci in enumerate(found):
             out[i] = FakeComputeInstanceHandle(handle.index, handle.gi, ci)
         count.value = len(found)

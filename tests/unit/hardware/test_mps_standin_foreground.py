@@ -9,6 +9,7 @@ plugin on the host does.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -144,16 +145,53 @@ def test_the_client_names_its_reply_fifo_relative_to_the_pipe_dir(dirs: Dirs) ->
         os.close(reader)
 
 
-@pytest.mark.timeout(30)  # the open below blocks until the daemon answers
+def read_reply(fd: int, timeout: float = 10) -> str:
+    """The answer on a reply FIFO opened (O_NONBLOCK) before the command was sent: until the daemon closes it."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 512)
+        if not chunk:  # EOF: select reports it only after a writer came and went (fifo(7), Linux pipe_poll)
+            return got.decode()
+        got += chunk
+    raise AssertionError(f"no complete answer within {timeout} s (got {got!r})")
+
+
+def send_raw(dirs: Dirs, name: str, command: str) -> None:
+    fd = os.open(dirs.pipe / "control", os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, f"{name} {command}\n".encode())
+    finally:
+        os.close(fd)
+
+
 def test_the_daemon_answers_a_reply_name_relative_to_its_own_pipe_dir(dirs: Dirs) -> None:
     proc = dirs.foreground()
     dirs.wait_serving(proc)
     reply = dirs.pipe / "reply.test.0"
     os.mkfifo(reply)
-    fd = os.open(dirs.pipe / "control", os.O_WRONLY | os.O_NONBLOCK)
-    os.write(fd, b"reply.test.0 get_server_list\n")
-    os.close(fd)
-    with open(reply) as f:  # blocks until the daemon opens it for writing: it found the relative name
-        assert f.read() == ""
+    fd = os.open(reply, os.O_RDONLY | os.O_NONBLOCK)  # the client's side: reader first, then the command
+    try:
+        send_raw(dirs, "reply.test.0", "get_default_active_thread_percentage")
+        assert read_reply(fd) == "100.0\n"  # it found the relative name
+    finally:
+        os.close(fd)
+    assert dirs.send("quit\n").returncode == 0
+    assert proc.wait(timeout=10) == 0
+
+
+def test_a_client_killed_before_its_answer_does_not_block_the_daemon(dirs: Dirs) -> None:
+    """A client killed between its command and reading the answer leaves a reply FIFO nobody reads. A daemon that
+    opened it blocking (fopen) would wait forever, and every later client with it: it must drop that answer."""
+    proc = dirs.foreground()
+    dirs.wait_serving(proc)
+    os.mkfifo(dirs.pipe / "reply.dead.0")  # the dead client's FIFO: made, never opened
+    send_raw(dirs, "reply.dead.0", "set_default_active_thread_percentage 40")
+    later = dirs.send("get_default_active_thread_percentage\n")  # times out (10 s) if the daemon hangs
+    assert later.returncode == 0 and later.stdout == "40.0\n", later
+    assert "answer dropped" in (dirs.log / "control.log").read_text()
     assert dirs.send("quit\n").returncode == 0
     assert proc.wait(timeout=10) == 0

@@ -614,3 +614,30 @@ def test_a_compute_instance_an_mps_server_runs_on_is_in_use(tmp_path: Path) -> N
     assert got == {"listed": [[True, 2, 0, None]], "by_uuid": [1, 2, 1], "on_parent": [True], "destroy_ci": "InUse",
                    "destroy_gi": "InUse", "after_exit": [], "destroy_ci_after": "ok",
                    "destroy_gi_after": "ok"}  # fmt: skip
+
+
+def test_instance_lists_take_count_as_output_only(tmp_path: Path) -> None:
+    """nvml.h, nvmlDeviceGetGpuInstances: "the buffer must be large enough to accommodate the instances supported
+    by the profile" and count is "The count of returned GPU instances" (the same for
+    nvmlGpuInstanceGetComputeInstances): nothing on entry is a capacity, so a caller passing 0 with a buffer of
+    the profile's instanceCount (go-nvml passes instanceCount, pkg/nvml/device.go GetGpuInstances) gets them all."""
+    tree = driver_tree(tmp_path, "dgx-h100-mig")
+    got = run_py(tree, """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        gis = [pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, info.id, place(s, 1)) for s in (0, 1)]
+        for gi in gis:
+            pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        buf = (pynvml.c_nvmlGpuInstance_t * info.instanceCount)()
+        n = ctypes.c_uint(0)
+        pynvml.nvmlDeviceGetGpuInstances(h, info.id, buf, ctypes.byref(n))
+        r = {"gis": sorted(pynvml.nvmlGpuInstanceGetInfo(buf[i]).id for i in range(n.value))}
+        ci_info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gis[0], 0, 0)
+        cbuf = (pynvml.c_nvmlComputeInstance_t * ci_info.instanceCount)()
+        m = ctypes.c_uint(0)
+        pynvml.nvmlGpuInstanceGetComputeInstances(gis[0], ci_info.id, cbuf, ctypes.byref(m))
+        r["cis"] = m.value
+        out(r)
+    """)
+    assert got == {"gis": [11, 12], "cis": 1}  # placements 0:1 and 1:1 are GI 11 and 12 on an H100
