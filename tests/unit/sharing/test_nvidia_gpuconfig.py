@@ -7,11 +7,15 @@ validation and the same effects apply; what topodra cannot honour is refused wit
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from topodra.claims import ClaimError, ClaimRef, allocated_claim
+from topodra.hardware import load_backend
 from topodra.sharing.config import API_VERSION, ConfigError, Mps, Sharing, TimeSlicing, parse, resolve
 from topodra.sharing.nvidiaconfig import API_VERSION as NV
 
@@ -114,3 +118,40 @@ def test_class_and_claim_configs_mix_spellings() -> None:
     # a config left under NVIDIA's driver name is another driver's: skipped, as any other driver's
     assert resolve([{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": theirs}}],
                    DRIVER, ["gpu"]) == {"gpu": None}
+
+
+# -- the shipped NVIDIA-shaped examples (deploy/examples/nvidia; the node tier runs them) -----------------------
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "deploy/examples/nvidia"
+
+
+def _template(name: str) -> dict[str, Any]:
+    (doc,) = [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+    return dict(doc)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_examples_keep_nvidias_config_and_use_published_names(name: str) -> None:
+    """Only class and driver renamed: NVIDIA's apiVersion stays, every attribute the CEL or a constraint names is
+    published (on the mock A100 GPUs or MIG devices), every class exists."""
+    devices = _template(name)["spec"]["spec"]["devices"]
+    for c in devices.get("config") or []:
+        assert c["opaque"]["driver"] == DRIVER and c["opaque"]["parameters"]["apiVersion"] == NV
+        if name.startswith("unsupported-"):
+            with pytest.raises(ConfigError, match="defaultPerDevicePinnedMemoryLimit"):
+                parse(c["opaque"]["parameters"])
+        else:
+            assert parse(c["opaque"]["parameters"]).sharing is not None
+    published = {k for spec in ("mock:dgx-a100-80gb", "mock:dgx-a100-80gb-mig")
+                 for d in load_backend(spec, "node-a").discover() for k in d.attributes}
+    text = (EXAMPLES / name).read_text()
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "gpu.nvidia.com" not in body and "mig.nvidia.com" not in body  # renamed
+    used = set(re.findall(r"attributes\['gpu\.topodra\.io'\]\.(\w+)", text))
+    used |= {c["matchAttribute"].removeprefix(f"{DRIVER}/") for c in devices.get("constraints") or []}
+    assert used <= published, used - published
+    for r in devices["requests"]:
+        assert (REPO_CLASSES / f"{r['exactly']['deviceClassName']}.yaml").exists()
+
+
+REPO_CLASSES = EXAMPLES.parents[2] / "deviceclasses"
