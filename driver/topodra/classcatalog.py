@@ -66,6 +66,9 @@ SHARED_MEMORY_CLASS = "gpu-shared-memory"  # nodes with shareGpuMemory (topodra.
 
 GENERIC_CLASS = DEFAULT_DRIVER_NAME
 NIC_CLASS = "nic.topodra.io"
+# Every MIG slice, any profile: the counterpart of NVIDIA's ``mig.nvidia.com`` (its claims pick the profile with
+# a selector on ``profile``), so they run with the class renamed (docs/user-guide.md "Coming from NVIDIA's DRA driver").
+MIG_CLASS = "mig.topodra.io"
 
 
 def catalog(driver: str = DEFAULT_DRIVER_NAME) -> list[ClassSpec]:
@@ -84,6 +87,8 @@ def catalog(driver: str = DEFAULT_DRIVER_NAME) -> list[ClassSpec]:
     for n in MIG_SIZES:
         specs.append(ClassSpec(f"gpu-mig-{n}g", "mig", f"MIG slices with {n} compute slice(s) ({n}g.* profiles)",
                                DeviceMatch(type="mig", computeSlices=n)))
+    specs.append(ClassSpec(MIG_CLASS, "mig", "every MIG slice, any profile (select one with the profile attribute)",
+                           DeviceMatch(type="mig")))
     specs.append(ClassSpec(SHARED_MEMORY_CLASS, "shared",
                            "GPUs shared by memory: each claim takes the memory it requests (advisory without MPS)",
                            DeviceMatch(type="gpu-shared")))
@@ -149,7 +154,8 @@ def classes_for_models(models: Iterable[str], *, with_nic: bool = False, mig_siz
             continue
         if spec.kind == "nic" and not with_nic:
             continue
-        if spec.kind == "mig" and spec.match.compute_slices not in sizes:
+        if spec.kind == "mig" and (not sizes if spec.match.compute_slices is None
+                                   else spec.match.compute_slices not in sizes):
             continue
         if spec.kind == "shared" and not with_shared:
             continue

@@ -26,10 +26,14 @@ BRANDS: dict[int, str] = {
     7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
     12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
 }  # fmt: skip
+# ``nvmlDeviceArchitecture_t`` values, spelled as NVIDIA's DRA driver publishes them (go-nvlib's
+# ``GetArchitectureAsString``), so its claims (``architecture == 'Hopper'``) match unchanged.
 ARCHITECTURES: dict[int, str] = {
-    2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada", 9: "hopper",
-    10: "blackwell", 13: "rubin",
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace", 9: "Hopper",
+    10: "Blackwell", 13: "Rubin",
 }  # fmt: skip
+# ``nvmlDeviceAddressingModeType_t`` (nvml.h: NVML_DEVICE_ADDRESSING_MODE_NONE/HMM/ATS), as NVIDIA's driver names them.
+ADDRESSING_MODES: dict[int, str] = {0: "None", 1: "HMM", 2: "ATS"}
 
 # (pattern on the NVML product name, model stem, append marketing memory size?)
 _MODELS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
@@ -96,15 +100,15 @@ def cuda_version(v: int) -> str:
 
 
 def architecture_name(arch: int | None, cc: tuple[int, int] | None) -> str | None:
-    """Lower-case architecture; falls back to the compute-capability family when NVML does not say."""
+    """Architecture as NVIDIA's driver spells it; falls back to the compute-capability family when NVML does not say."""
     if arch is not None and arch in ARCHITECTURES:
         return ARCHITECTURES[arch]
     if cc is None:
         return None
     major, minor = cc
     if major == 8:
-        return "ada" if minor >= 9 else "ampere"
-    return {7: "volta", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major)
+        return "Ada Lovelace" if minor >= 9 else "Ampere"
+    return {7: "Volta", 9: "Hopper", 10: "Blackwell", 12: "Blackwell"}.get(major)
 
 
 def format_quantity(n_bytes: int) -> str:
@@ -131,6 +135,7 @@ class GpuInfo:
     mig_capable: bool | None
     nvlink_version: int | None
     nvlink_active_links: int
+    addressing_mode: int | None = None  # nvmlDeviceGetAddressingMode; None: unsupported / not in the library
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,9 @@ def _locality(attrs: dict[str, AttributeValue], loc: PciLocation | None) -> None
 def gpu_device(gpu: GpuInfo, system: SystemInfo, topo: GpuTopology, *, device_nodes: bool) -> Device:
     """The published GPU device (name ``gpu-<minor>``; NVML index if the minor is unknown).
 
+    ``index`` (the NVML index) and ``addressingMode`` are published as NVIDIA's DRA driver publishes (or
+    published) them, so its claims select the same GPUs (docs/user-guide.md "Coming from NVIDIA's DRA driver").
+
     ``device_nodes``: whether the GPU's ``/dev/nvidiaN`` exists on this host (not for mock hardware).
     """
     attrs: dict[str, AttributeValue] = {
@@ -193,6 +201,13 @@ def gpu_device(gpu: GpuInfo, system: SystemInfo, topo: GpuTopology, *, device_no
         attrs["cudaDriverVersion"] = version_attr(cuda_version(system.cuda_driver_version))
     if gpu.minor is not None:
         attrs["minor"] = int_attr(gpu.minor)
+    attrs["index"] = int_attr(gpu.index)
+    if gpu.addressing_mode is not None:
+        if gpu.addressing_mode in ADDRESSING_MODES:
+            attrs["addressingMode"] = string_attr(ADDRESSING_MODES[gpu.addressing_mode])
+        else:
+            log.warning("GPU %s: addressing mode %d is not in nvml.h's list; addressingMode omitted",
+                        gpu.index, gpu.addressing_mode)
     if gpu.mig_capable is not None:
         attrs["migCapable"] = bool_attr(gpu.mig_capable)
     _locality(attrs, topo.location)

@@ -354,6 +354,7 @@ class NvmlBackend:
         minor = self._opt("minor number", label, "nvmlDeviceGetMinorNumber", h)
         brand = self._opt("brand", label, "nvmlDeviceGetBrand", h)
         arch = self._opt("architecture", label, "nvmlDeviceGetArchitecture", h)
+        mode = self._opt("addressing mode", label, "nvmlDeviceGetAddressingMode", h)
         peers, version = self._links(h, label)
         info = GpuInfo(
             index=idx,
@@ -368,6 +369,7 @@ class NvmlBackend:
             mig_capable=self._mig_capable(h, label),
             nvlink_version=version,
             nvlink_active_links=len(peers),
+            addressing_mode=None if mode is None else int(mode),
         )
         profiles = self._mig_profiles(h, label) if info.mig_capable else []
         fab = self._fabric(h, label)

@@ -18,6 +18,8 @@ config of each allocated request: class configs first, then claim configs, the
 last matching one wins (a claim overrides its class).  Another driver's opaque
 config is none of our business and is skipped; a bad one of ours is an error
 that names the claim, so prepare refuses the claim before changing anything.
+NVIDIA's DRA driver's ``GpuConfig``/``MigDeviceConfig`` (``resource.nvidia.com/v1beta1``)
+is accepted as another spelling of this one (``nvidiaconfig``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topodra.selectors import parse_quantity
+from topodra.sharing import nvidiaconfig
 
 API_VERSION = "gpu.topodra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -92,18 +95,35 @@ class GpuConfig(BaseModel):
     sharing: Sharing | None = None
 
 
-def _problems(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors())
+def _problems(e: ValidationError, nvidia: bool = False) -> str:
+    def path(err: Any) -> str:
+        p = ".".join(str(x) for x in err["loc"]) or "(top)"
+        return nvidiaconfig.nvidia_path(p) if nvidia else p
+
+    def msg(err: Any) -> str:
+        return nvidiaconfig.nvidia_words(str(err["msg"])) if nvidia else str(err["msg"])
+
+    return "; ".join(f"{path(err)}: {msg(err)}" for err in e.errors())
 
 
 def parse(parameters: Any) -> GpuConfig:
-    """One opaque ``parameters`` object of our driver as a GpuConfig; ConfigError listing every problem."""
+    """One opaque ``parameters`` object of our driver as a GpuConfig; ConfigError listing every problem.
+
+    NVIDIA's spelling (apiVersion ``resource.nvidia.com/v1beta1``, ``nvidiaconfig``) is translated first and then
+    validated as ours; its problems are reported with NVIDIA's field names and kind.
+    """
     if not isinstance(parameters, Mapping):
         raise ConfigError(f"parameters must be an object with apiVersion {API_VERSION} and kind {KIND}")
+    nvidia = nvidiaconfig.is_nvidia(parameters)
+    kind = str(parameters.get("kind")) if nvidia else KIND
     try:
-        return GpuConfig.model_validate(dict(parameters))
+        raw = nvidiaconfig.translate(parameters, API_VERSION, KIND) if nvidia else dict(parameters)
+        return GpuConfig.model_validate(raw)
+    except nvidiaconfig.NvidiaConfigError as e:
+        raise ConfigError(f"invalid {kind} ({nvidiaconfig.API_VERSION}): {e}") from None
     except ValidationError as e:
-        raise ConfigError(f"invalid {KIND}: {_problems(e)}") from None
+        suffix = f" ({nvidiaconfig.API_VERSION})" if nvidia else ""
+        raise ConfigError(f"invalid {kind}{suffix}: {_problems(e, nvidia)}") from None
 
 
 def _applies(requests: Sequence[str], request: str) -> bool:

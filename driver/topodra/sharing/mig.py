@@ -30,7 +30,8 @@ COMPUTE_COUNTER = "compute-slices"
 MIG_PARENT_TYPE = "gpu-mig-parent"  # the whole device of a MIG-enabled GPU: no GPU class selects it
 STD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 # Parent attributes that describe the whole GPU, not a slice of it.
-_PARENT_ONLY = frozenset({"type", "uuid", "minor", "migCapable", STD_PCI_BUS_ID})
+# ``index`` is the GPU's NVML index: a MIG device carries it as ``parentIndex``, as NVIDIA's driver did.
+_PARENT_ONLY = frozenset({"type", "uuid", "minor", "index", "migCapable", STD_PCI_BUS_ID})
 # NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE index for a compute instance spanning n compute slices.
 CI_PROFILE_INDEX: dict[int, int] = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
@@ -112,6 +113,7 @@ def partition(gpu: Device, profiles: Sequence[MigProfile]) -> list[Device]:
                 "profile": string_attr(p.name),
                 "parentUUID": string_attr(gpu.uuid),
                 "parentDevice": string_attr(gpu.name),
+                **({"parentIndex": gpu.attributes["index"]} if "index" in gpu.attributes else {}),
                 "migProfileID": int_attr(p.profile_id),
                 "placementStart": int_attr(start),
                 "placementSize": int_attr(size),

@@ -22,8 +22,8 @@ from topodra.hardware.sysfs import Sysfs
 STD = "resource.kubernetes.io/"
 GPU_REQUIRED = {
     "type", "uuid", "productName", "model", "brand", "architecture", "cudaComputeCapability", "driverVersion",
-    "cudaDriverVersion", "migCapable", "minor", STD + "pciBusID", STD + "pcieRoot", STD + "numaNode", "numaNode",
-    "cpuSocket",
+    "cudaDriverVersion", "migCapable", "minor", "index", STD + "pciBusID", STD + "pcieRoot", STD + "numaNode",
+    "numaNode", "cpuSocket",
 }  # fmt: skip
 NIC_REQUIRED = {
     "type",
@@ -38,16 +38,16 @@ NIC_REQUIRED = {
 
 # profile -> (gpus, model, architecture, cc, migCapable, memory, nvlink domain sizes, compute NICs)
 EXPECTED: dict[str, tuple[int, str, str, str, bool, str, set[int] | None, int]] = {
-    "dgx-a100-80gb": (8, "A100-SXM4-80GB", "ampere", "8.0.0", True, "80Gi", {8}, 8),
-    "dgx-a100-80gb-mig": (8, "A100-SXM4-80GB", "ampere", "8.0.0", True, "80Gi", {8}, 8),
-    "dgx-h100": (8, "H100-SXM5-80GB", "hopper", "9.0.0", True, "81559Mi", {8}, 8),
-    "dgx-h100-mig": (8, "H100-SXM5-80GB", "hopper", "9.0.0", True, "81559Mi", {8}, 8),
-    "dgx-h200": (8, "H200-SXM5-141GB", "hopper", "9.0.0", True, "143771Mi", {8}, 8),
-    "hgx-b200": (8, "B200-SXM6-180GB", "blackwell", "10.0.0", True, "183359Mi", {8}, 8),
-    "gb200-nvl72": (4, "GB200", "blackwell", "10.0.0", True, "189471Mi", {72}, 4),
-    "h100-nvl": (8, "H100-NVL-94GB", "hopper", "9.0.0", True, "95830Mi", {2}, 4),
-    "l40s": (8, "L40S", "ada", "8.9.0", False, "46068Mi", None, 4),
-    "l4": (4, "L4", "ada", "8.9.0", False, "23034Mi", None, 0),
+    "dgx-a100-80gb": (8, "A100-SXM4-80GB", "Ampere", "8.0.0", True, "80Gi", {8}, 8),
+    "dgx-a100-80gb-mig": (8, "A100-SXM4-80GB", "Ampere", "8.0.0", True, "80Gi", {8}, 8),
+    "dgx-h100": (8, "H100-SXM5-80GB", "Hopper", "9.0.0", True, "81559Mi", {8}, 8),
+    "dgx-h100-mig": (8, "H100-SXM5-80GB", "Hopper", "9.0.0", True, "81559Mi", {8}, 8),
+    "dgx-h200": (8, "H200-SXM5-141GB", "Hopper", "9.0.0", True, "143771Mi", {8}, 8),
+    "hgx-b200": (8, "B200-SXM6-180GB", "Blackwell", "10.0.0", True, "183359Mi", {8}, 8),
+    "gb200-nvl72": (4, "GB200", "Blackwell", "10.0.0", True, "189471Mi", {72}, 4),
+    "h100-nvl": (8, "H100-NVL-94GB", "Hopper", "9.0.0", True, "95830Mi", {2}, 4),
+    "l40s": (8, "L40S", "Ada Lovelace", "8.9.0", False, "46068Mi", None, 4),
+    "l4": (4, "L4", "Ada Lovelace", "8.9.0", False, "23034Mi", None, 0),
 }
 
 
@@ -339,7 +339,7 @@ def test_older_binding_without_functions() -> None:
         backend.nvml.remove(fn)
     gpus, _ = split(backend.discover())
     a = attrs(gpus[0])
-    assert a["architecture"] == "blackwell"  # from the compute capability
+    assert a["architecture"] == "Blackwell"  # from the compute capability
     assert a["cudaDriverVersion"] == "13.0.0"  # from the v1 call
     assert a["nvlinkDomain"].endswith(".32766")
 
@@ -456,7 +456,7 @@ def test_synthetic_h200_replay_runs_through_real_backend() -> None:
     devs = discover(f"replay:{path}", "gpu-host")
     assert [d.name for d in devs] == ["gpu-0"]
     a = attrs(devs[0])
-    assert a["model"] == "H200-SXM5-141GB" and a["architecture"] == "hopper"
+    assert a["model"] == "H200-SXM5-141GB" and a["architecture"] == "Hopper"
     assert a["driverVersion"] == "570.172.8" and a["cudaDriverVersion"] == "12.8.0"
     assert a[STD + "pcieRoot"] == "pci0000:15" and a["numaNode"] == 0 and a["cpuSocket"] == 0
     assert "nvlinkDomain" not in a and "rail" not in a  # links down, no NICs
