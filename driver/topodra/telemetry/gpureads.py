@@ -248,54 +248,47 @@ EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
 
 
 class XidEvents:
-    """XID events since the last drain, from an NVML event set of the sampler's own (the health monitor keeps
-    its own set: NVML delivers each event to every set registered for it)."""
+    """XID events since the last drain, from NVML event sets of the sampler's own (the health monitor keeps its
+    own: NVML delivers each event to every set registered for it). One set per GPU: while a registered GPU is
+    lost, a set's wait answers GPU_IS_LOST at every call and delivers nothing, so one lost GPU must not hide the
+    XIDs of the others."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
-        self._set: Any = None
-        self._names: dict[Any, str] = {}
+        self._sets: list[tuple[str, Any]] = []
 
     def open(self, handles: dict[str, Any]) -> None:
         """``handles``: device name → NVML handle of the GPUs to watch; a binding without events leaves it off."""
-        try:
-            self._set = self.nvml.nvmlEventSetCreate()
-        except (self.nvml.NVMLError, AttributeError) as e:
-            log.info("telemetry: no NVML event set (%s); XID counts are not sampled", e)
-            return
         for name, h in handles.items():
             try:
-                self.nvml.nvmlDeviceRegisterEvents(h, EVENT_XID, self._set)
+                es = self.nvml.nvmlEventSetCreate()
+            except (self.nvml.NVMLError, AttributeError) as e:
+                log.info("telemetry: no NVML event set (%s); XID counts are not sampled", e)
+                return
+            try:
+                self.nvml.nvmlDeviceRegisterEvents(h, EVENT_XID, es)
             except (self.nvml.NVMLError, AttributeError) as e:
                 log.info("telemetry: %s: XID events not available (%s)", name, e)
+                with contextlib.suppress(Exception):
+                    self.nvml.nvmlEventSetFree(es)
                 continue
-            self._names[_key(h)] = name
+            self._sets.append((name, es))
 
     def drain(self, limit: int = 1024) -> list[tuple[str, int]]:
         """(device name, XID code) of the events queued now; never waits."""
         out: list[tuple[str, int]] = []
-        if self._set is None:
-            return out
-        while len(out) < limit:
-            try:
-                ev = self.nvml.nvmlEventSetWait_v2(self._set, 0)
-            except self.nvml.NVMLError:
-                break  # TIMEOUT: nothing queued (GPU_IS_LOST: the reads report the loss)
-            name = self._names.get(_key(ev.device))
-            if name is not None and int(ev.eventType) & EVENT_XID:
-                out.append((name, int(ev.eventData)))
+        for name, es in self._sets:
+            while len(out) < limit:
+                try:
+                    ev = self.nvml.nvmlEventSetWait_v2(es, 0)
+                except self.nvml.NVMLError:
+                    break  # TIMEOUT: nothing queued (GPU_IS_LOST: the reads report the loss)
+                if int(ev.eventType) & EVENT_XID:
+                    out.append((name, int(ev.eventData)))
         return out
 
     def close(self) -> None:
-        if self._set is not None:
+        for _name, es in self._sets:
             with contextlib.suppress(Exception):
-                self.nvml.nvmlEventSetFree(self._set)
-            self._set = None
-
-
-def _key(h: Any) -> Any:
-    import ctypes
-
-    if isinstance(h, ctypes._Pointer):
-        return ctypes.cast(h, ctypes.c_void_p).value
-    return h
+                self.nvml.nvmlEventSetFree(es)
+        self._sets = []

@@ -31,9 +31,9 @@ GIB = 1 << 30
 BUSY = {"utilGpu": 90, "memoryUsed": 20 * GIB, "smActivity": 70.0, "tensorActivity": 40.0,
         "graphicsActivity": 75.0, "nvlinkTxKiBps": 1000000, "pcieRxKBps": 3000}
 
-def scenario(gpus):
+def scenario(gpus, events=()):
     with open(FAULTS + ".tmp", "w") as f:
-        json.dump({"gpus": gpus}, f)
+        json.dump({"gpus": gpus, "events": list(events)}, f)
     os.replace(FAULTS + ".tmp", FAULTS)
 
 be = load_backend("nvml", "n1", sysfs_root=SYSFS, nvidia_driver_root=TREE)
@@ -67,7 +67,8 @@ res["writes_idle"] = list(writes)
 res["idle"] = generate_latest(reg).decode()
 s.round()
 res["writes_again"] = list(writes)
-scenario({"1": {"telemetry": BUSY}, "2": {"lost": True}})
+xid = {"gpu": 0, "type": "xid", "data": 79}
+scenario({"1": {"telemetry": BUSY}, "2": {"lost": True}}, [xid, xid, {**xid, "data": 13}])
 s.round()
 res["writes_active"] = list(writes)
 res["lost"] = generate_latest(reg).decode()
@@ -134,3 +135,10 @@ def test_lost_gpu_is_a_missing_series_and_a_counted_error(result: dict[str, Any]
     assert not [k for k in series(lost, "topodra_gpu_power_watts") if 'dra_device_name="gpu-2"' in k]
     assert one(lost, "topodra_gpu_power_watts", dra_device_name="gpu-3") == 60.0  # the others still read
     assert one(lost, "topodra_telemetry_errors_total", call="nvmlDeviceGetUtilizationRates") == 1
+
+
+def test_xid_events_are_counted_per_code(result: dict[str, Any]) -> None:
+    text = result["lost"]
+    assert one(text, "topodra_gpu_xid_errors_total", dra_device_name="gpu-0", xid="79") == 2
+    assert one(text, "topodra_gpu_xid_errors_total", dra_device_name="gpu-0", xid="13") == 1
+    assert len(series(text, "topodra_gpu_xid_errors_total")) == 2
