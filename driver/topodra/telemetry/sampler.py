@@ -267,12 +267,17 @@ class Sampler:
             if not gpus:
                 continue  # no whole GPU of this node (NICs only, MIG devices): not judged
             levels = [idlerule.GpuLevel(r.activity, r.memory_ratio) for r in gpus]
-            state = idlerule.step(self._idle.get(uid, idlerule.IdleState()), idlerule.below(self.rule, levels), now)
+            is_below = idlerule.below(self.rule, levels)
+            state = idlerule.step(self._idle.get(uid, idlerule.IdleState()), is_below, now)
             self._idle[uid] = state
             is_idle = state.idle(self.rule, now)
             info = infos[uid]
             out.append(ClaimIdle(info, is_idle, state.idle_for(now)))
-            self._maybe_write(uid, info, [d for d in devices if d[0] == self.pool], is_idle, state.idle_for(now))
+            # The condition says True once idle, and False only when a sample was above the thresholds: a restart
+            # (the clock starts again) or an unread GPU does not clear what the API shows.
+            want = True if is_idle else (False if is_below is False else None)
+            if want is not None:
+                self._maybe_write(uid, info, [d for d in devices if d[0] == self.pool], want, state.idle_for(now))
         return out
 
     def _maybe_write(self, uid: str, info: ClaimInfo, devices: list[HeldDevice], is_idle: bool,

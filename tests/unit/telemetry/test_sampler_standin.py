@@ -142,3 +142,25 @@ def test_xid_events_are_counted_per_code(result: dict[str, Any]) -> None:
     assert one(text, "topodra_gpu_xid_errors_total", dra_device_name="gpu-0", xid="79") == 2
     assert one(text, "topodra_gpu_xid_errors_total", dra_device_name="gpu-0", xid="13") == 1
     assert len(series(text, "topodra_gpu_xid_errors_total")) == 2
+
+
+def test_a_restart_keeps_the_idle_condition_until_activity_returns(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A new sampler (plugin restart) that finds the claim flagged in the API must not clear it while the GPUs
+    stay idle (its own clock starts again), and clears it at the first busy sample."""
+    base = tmp_path_factory.mktemp("restart")
+    tree = driver_tree(base / "root", "dgx-h100", node="n1")
+    sysfs = base / "sysfs"
+    build_tree(load_profile("dgx-h100"), frozenset()).materialize(str(sysfs))
+    code = CHILD.split("res = {}")[0].replace(
+        '"status": {"reservedFor"', '"status": {"devices": [{"driver": "gpu.topodra.io", "pool": "n1", '
+        '"device": "gpu-0", "conditions": [{"type": "Idle", "status": "True"}]}], "reservedFor"') + """
+scenario({})
+s.round(); s.round()
+idle_writes = list(writes)
+scenario({"0": {"telemetry": BUSY}})
+s.round()
+out({"idle": idle_writes, "busy": list(writes)})
+"""
+    got = run_py(tree, code, env={"SYSFS": str(sysfs)}, timeout=120)
+    assert got["idle"] == []
+    assert got["busy"] == [["team-a", "train", "uid-1", ["gpu-0", "gpu-1", "nic-0"], False, ["worker-0"]]]
