@@ -92,9 +92,16 @@ def _import_rss(argv: list[str]) -> int:
 
 
 # name -> (entry, what it answers); the same order as the table in bench/README.md.
+def _telemetry(argv: list[str]) -> int:
+    from bench.telemetry.main import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, tuple[Main, str]] = {
     "prepare": (_prepare, "NodePrepareResources latency and plugin memory (root, private cluster)"),
     "import_rss": (_import_rss, "memory each plugin dependency adds (no cluster)"),
+    "telemetry": (_telemetry, "CPU and RSS of the telemetry sampler, 8 GPUs + 8 NICs (no cluster)"),
     "reliability": (_reliability, "crash points, fuzzing, disk full, deleted while down, API faults (root)"),
     "placement": (_placement, "placement quality of four policies through the real kube-scheduler (root)"),
     "placement_plots": (_placement_plots, "re-plot a placement result as PNGs"),

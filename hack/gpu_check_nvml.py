@@ -91,6 +91,49 @@ def _one_slice_profile(nvml: Any, h: Any) -> dict[str, Any]:
     return _call(lambda: nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE))
 
 
+def _gpm(nvml: Any, h: Any, seconds: float = 0.2) -> dict[str, Any]:
+    """GPM metrics 1, 2, 5 (graphics, SM, any tensor; percent) over two samples ``seconds`` apart (nvml.h: more
+    than 100 ms), each metric's own nvmlReturn kept."""
+    import time
+
+    a, b = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
+    try:
+        nvml.nvmlGpmSampleGet(h, a)
+        time.sleep(seconds)
+        nvml.nvmlGpmSampleGet(h, b)
+        mg = nvml.c_nvmlGpmMetricsGet_t()
+        mg.version, mg.numMetrics, mg.sample1, mg.sample2 = nvml.NVML_GPM_METRICS_GET_VERSION, 3, a, b
+        for k, mid in enumerate((1, 2, 5)):
+            mg.metrics[k].metricId = mid
+        nvml.nvmlGpmMetricsGet(mg)
+        return {str(mg.metrics[k].metricId): {"return": int(mg.metrics[k].nvmlReturn), "value": mg.metrics[k].value}
+                for k in range(3)}
+    finally:
+        for s in (a, b):
+            nvml.nvmlGpmSampleFree(s)
+
+
+def _telemetry(nvml: Any, h: Any) -> dict[str, Any]:
+    """The calls the telemetry sampler makes (docs/telemetry.md), raw: units as NVML gives them."""
+    def fields() -> Any:
+        vals = nvml.nvmlDeviceGetFieldValues(h, [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)])
+        return [{"return": int(v.nvmlReturn), "ullVal": int(v.value.ullVal)} for v in vals]
+    return {
+        "utilization": _call(lambda: nvml.nvmlDeviceGetUtilizationRates(h)),
+        "memory_v2": _call(lambda: nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2)),
+        "power_mw": _call(lambda: nvml.nvmlDeviceGetPowerUsage(h)),
+        "temperature_c": _call(lambda: nvml.nvmlDeviceGetTemperature(h, 0)),
+        "sm_clock_mhz": _call(lambda: nvml.nvmlDeviceGetClockInfo(h, 1)),
+        "pcie_kbps_tx_rx": _call(lambda: [nvml.nvmlDeviceGetPcieThroughput(h, 0),
+                                          nvml.nvmlDeviceGetPcieThroughput(h, 1)]),
+        "ecc_volatile_corrected_uncorrected": _call(lambda: [nvml.nvmlDeviceGetTotalEccErrors(h, 0, 0),
+                                                             nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)]),
+        "nvlink_data_kib_fields_138_139": _call(fields),
+        "gpm_support": _call(lambda: nvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice),
+        "gpm_metrics": _call(lambda: _gpm(nvml, h)),
+    }
+
+
 def _gpu(nvml: Any, i: int, h: Any) -> dict[str, Any]:
     return {
         "index": i,
@@ -103,6 +146,7 @@ def _gpu(nvml: Any, i: int, h: Any) -> dict[str, Any]:
         "fabric_info_v3": _call(lambda: _fabric_v3(nvml, h)),
         "recovery_action_field_230": _call(lambda: _field(nvml, h, RECOVERY_ACTION_FIELD)),
         "nvlinks": _links(nvml, h),
+        "telemetry": _telemetry(nvml, h),
     }
 
 

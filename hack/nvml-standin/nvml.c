@@ -732,7 +732,11 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t h, int *major, 
     LOCKED(compute_capability(h, major, minor));
 }
 
-static nvmlReturn_t memory(nvmlDevice_t h, unsigned long long *total) {
+/* telemetry.inc: bytes in use from the scenario; the NVLink throughput fields. */
+static unsigned long long memory_used(nvmlDevice_t h, int index, unsigned long long total);
+static int nvlink_field(int index, nvmlFieldValue_t *v);
+
+static nvmlReturn_t memory(nvmlDevice_t h, unsigned long long *total, unsigned long long *used) {
     int i;
     nvmlReturn_t rc = gpu_of(h, &i);
     if (rc) return rc;
@@ -748,27 +752,28 @@ static nvmlReturn_t memory(nvmlDevice_t h, unsigned long long *total) {
         if (!p) return NVML_ERROR_NOT_FOUND;
         *total = (unsigned long long)json_int(p, "memorySizeMB", 0) << 20;
     }
+    *used = memory_used(h, i, *total);
     return NVML_SUCCESS;
 }
 
 static nvmlReturn_t memory_v1(nvmlDevice_t h, nvmlMemory_t *m) {
-    unsigned long long total;
+    unsigned long long total, used;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = memory(h, &total);
-    if (!rc) *m = (nvmlMemory_t){total, total, 0};
+    nvmlReturn_t rc = memory(h, &total, &used);
+    if (!rc) *m = (nvmlMemory_t){total, total - used, used};
     return rc;
 }
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *m) { LOCKED(memory_v1(h, m)); }
 
 static nvmlReturn_t memory_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) {
-    unsigned long long total;
+    unsigned long long total, used;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
     /* nvml.h: "#define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)", and NVML_ERROR_ARGUMENT_VERSION_MISMATCH
      * is "The provided version is invalid/unsupported" (the call's own list is silent): the whole word, so a
      * version 2 with another struct's size is refused too. */
     if (m->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    nvmlReturn_t rc = memory(h, &total);
-    if (!rc) { m->total = total; m->reserved = 0; m->free = total; m->used = 0; }
+    nvmlReturn_t rc = memory(h, &total, &used);
+    if (!rc) { m->total = total; m->reserved = 0; m->free = total - used; m->used = used; }
     return rc;
 }
 API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) { LOCKED(memory_v2(h, m)); }
@@ -928,6 +933,8 @@ static nvmlReturn_t field_values(nvmlDevice_t h, int count, nvmlFieldValue_t *va
             values[k].nvmlReturn = NVML_SUCCESS;
             values[k].value.ullVal = 0;
             values[k].value.uiVal = f.recovery_action;
+        } else if (nvlink_field(i, &values[k])) {
+            continue;
         } else {
             values[k].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
@@ -1113,3 +1120,4 @@ API nvmlReturn_t topodraStandinGetTimeslice(nvmlDevice_t h, int *level) { LOCKED
 API nvmlReturn_t topodraStandinSetTimeslice(nvmlDevice_t h, int level) { LOCKED(timeslice(h, NULL, level)); }
 
 #include "mig.inc"
+#include "telemetry.inc"

@@ -100,11 +100,15 @@ def can_i(nc: ClusterHandle, who: str, verb: str, resource: str, ns: str | None 
 
 PLUGIN_ALLOWED = [(v, "resourceslices.resource.k8s.io") for v in
                   ("get", "list", "watch", "create", "update", "patch", "delete")] + [
-    ("get", "resourceclaims.resource.k8s.io"), ("get", "nodes"), ("patch", "nodes")]
+    ("get", "resourceclaims.resource.k8s.io"), ("get", "nodes"), ("patch", "nodes"),
+    # telemetry: the Idle condition in status.devices (the per-driver, own-node check is
+    # tests/cluster/test_telemetry_rbac_cluster.py) and the pod Events
+    ("patch", "resourceclaims.resource.k8s.io/status"), ("create", "events")]
 PLUGIN_DENIED = [("get", "secrets"), ("list", "secrets"), ("list", "pods"), ("update", "nodes"),
-                 ("update", "resourceclaims.resource.k8s.io"), ("patch", "resourceclaims.resource.k8s.io/status"),
+                 ("update", "resourceclaims.resource.k8s.io"), ("update", "resourceclaims.resource.k8s.io/status"),
+                 ("patch", "resourceclaims.resource.k8s.io/binding"),
                  ("list", "resourceclaims.resource.k8s.io"), ("create", "deviceclasses.resource.k8s.io"),
-                 ("create", "events")]
+                 ("update", "events"), ("delete", "events")]
 CONTROLLER_ALLOWED = [
     *[(v, "claimprofiles.topodra.io") for v in ("get", "list", "watch", "patch")],
     *[(v, "claimprofiles.topodra.io/status") for v in ("get", "patch")],

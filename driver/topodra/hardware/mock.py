@@ -35,6 +35,15 @@ from topodra.hardware.base import DiscoveryConfig
 from topodra.hardware.facts import FabricFacts, GpuFacts, LinkFacts, NvmlErr, NvmlFacts, PciFacts, shared_root
 from topodra.hardware.mockmig import FakeMig, FakeMigDeviceHandle
 from topodra.hardware.mockprofile import Fabric, Profile, build_facts, build_tree
+from topodra.hardware.mocktelemetry import (
+    ALL_LINKS,
+    GPM_METRICS,
+    HOPPER,
+    NVLINK_RX,
+    NVLINK_TX,
+    GpuTelemetry,
+    TelemetryState,
+)
 from topodra.hardware.nvml import NvmlBackend
 from topodra.hardware.sysfs import Sysfs
 
@@ -72,6 +81,8 @@ class GpuFaults(BaseModel):
     clocksEventReasons: int = Field(default=0, ge=0)  # nvmlDeviceGetCurrentClocksEventReasons bitmask
     # nvmlGpuRecoveryAction_t answered for field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (0 NONE, 1 GPU_RESET, ...).
     recoveryAction: int = Field(default=0, ge=0)
+    # The telemetry scenario (mocktelemetry.GpuTelemetry; the C stand-in reads the same key).
+    telemetry: GpuTelemetry | None = None
 
 
 class FaultEvent(BaseModel):
@@ -132,6 +143,7 @@ class FakeNvml(FakeMig):
         self._faults = MockFaults()
         self._faults_stamp: tuple[int, int] | None = None
         self._faults_lock = threading.Lock()
+        self._telemetry = TelemetryState()
 
     # -- injected faults --------------------------------------------------------------------------
 
@@ -259,7 +271,10 @@ class FakeNvml(FakeMig):
 
     def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> Any:
         total = int(self._ans(self._gpu(h).memoryTotal))
-        return pynvml.c_nvmlMemory_t(total=total, free=total, used=0)
+        used = min(total, self._scenario(h).memoryUsed)
+        if version:
+            return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=0, free=total - used, used=used)
+        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         p: PciFacts = self._ans(self._gpu(h).pci)
@@ -360,9 +375,116 @@ class FakeNvml(FakeMig):
                 values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 values[i].value.uiVal = self._gpu_faults(h.index).recoveryAction
                 values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            elif values[i].fieldId in (NVLINK_TX, NVLINK_RX):
+                self._nvlink_field(h, values[i], int(fid[1]) if isinstance(fid, tuple) else 0)
             else:
                 values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return values
+
+    # -- telemetry (same rules as hack/nvml-standin/telemetry.inc) ------------------------------------
+
+    def _scenario(self, h: Any) -> GpuTelemetry:
+        return self._gpu_faults(h.index).telemetry or GpuTelemetry()
+
+    def _tele(self, h: Any, what: str) -> GpuTelemetry:
+        self._gpu(h)
+        tel = self._scenario(h)
+        if what in tel.unsupported:
+            raise nvml_error("NotSupported")
+        return tel
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        tel = self._tele(h, "utilization")
+        mig = self._gpu(h).migMode
+        if not isinstance(mig, NvmlErr) and mig[0]:
+            raise nvml_error("NotSupported")  # nvml.h: not supported on MIG-enabled GPUs
+        return pynvml.c_nvmlUtilization_t(gpu=round(tel.utilGpu), memory=round(tel.utilMemory))
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        return self._tele(h, "power").powerMw
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        tel = self._tele(h, "temperature")
+        if int(sensor) != 0:
+            raise nvml_error("InvalidArgument")
+        return tel.temperatureC
+
+    def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
+        tel = self._tele(h, "clock")
+        if int(clock) != 1:  # NVML_CLOCK_SM only
+            raise nvml_error("NotSupported")
+        return tel.smClockMhz
+
+    def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
+        tel = self._tele(h, "pcie")
+        if int(counter) not in (0, 1):
+            raise nvml_error("InvalidArgument")
+        return tel.pcieTxKBps if int(counter) == 0 else tel.pcieRxKBps
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter_type: int) -> int:
+        tel = self._tele(h, "ecc")
+        if int(error_type) not in (0, 1) or int(counter_type) not in (0, 1):
+            raise nvml_error("InvalidArgument")
+        return tel.eccCorrected if int(error_type) == 0 else tel.eccUncorrected
+
+    def _nvlink_field(self, h: Any, v: Any, scope: int) -> None:
+        links = self._gpu(h).nvlinks
+        active = [] if isinstance(links, NvmlErr) else [i for i, lk in enumerate(links) if lk.state == 1]
+        tel = self._scenario(h)
+        if not active or "nvlink" in tel.unsupported:
+            v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return
+        if scope != ALL_LINKS and scope not in active:
+            v.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+            return
+        _t, sums = self._telemetry.advance(h.index, tel)
+        kib = sums.get("nvlinkTxKiBps" if v.fieldId == NVLINK_TX else "nvlinkRxKiBps", 0.0)
+        v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        v.value.ullVal = int(kib if scope == ALL_LINKS else kib / len(active))
+        v.nvmlReturn = pynvml.NVML_SUCCESS
+
+    def _gpm_capable(self, h: Any) -> bool:
+        arch = self._gpu(h).architecture
+        return isinstance(arch, int) and arch >= HOPPER and "gpm" not in self._scenario(h).unsupported
+
+    def nvmlGpmQueryDeviceSupport(self, h: Any) -> Any:
+        return pynvml.c_nvmlGpmSupport_t(version=pynvml.NVML_GPM_SUPPORT_VERSION,
+                                          isSupportedDevice=int(self._gpm_capable(h)))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return self._telemetry.alloc()
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        if not self._telemetry.free(sample):
+            raise nvml_error("InvalidArgument")
+
+    def nvmlGpmSampleGet(self, h: Any, sample: Any) -> Any:
+        self._gpu(h)
+        if not self._gpm_capable(h):
+            raise nvml_error("NotSupported")
+        t, sums = self._telemetry.advance(h.index, self._scenario(h))
+        if not self._telemetry.put(sample, {"gpu": h.index, "t": t, **sums}):
+            raise nvml_error("InvalidArgument")
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg: Any) -> Any:
+        if self.init_count <= 0:
+            raise nvml_error("Uninitialized")
+        if int(mg.version) != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise nvml_error("ArgumentVersionMismatch")
+        a, b = self._telemetry.get(mg.sample1), self._telemetry.get(mg.sample2)
+        if a is None or b is None or a["gpu"] != b["gpu"] or b["t"] <= a["t"]:
+            raise nvml_error("InvalidArgument")
+        dt = b["t"] - a["t"]
+        for k in range(int(mg.numMetrics)):
+            m = mg.metrics[k]
+            key = GPM_METRICS.get(int(m.metricId))
+            if key is None:
+                m.nvmlReturn, m.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+            else:
+                m.nvmlReturn = pynvml.NVML_SUCCESS
+                m.value = min(100.0, max(0.0, (b.get(key, 0.0) - a.get(key, 0.0)) / dt))
+        return mg
 
     def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeout_ms: int) -> FakeEventData:
         """The next injected event for a registered GPU, waiting up to ``timeout_ms`` (else NVMLError_Timeout).

@@ -115,6 +115,15 @@ FLAGS: tuple[Flag, ...] = (
          "--mps-daemon-image) (default process; the chart: pod)", "MODE"),
     Flag("mps_daemon_namespace", "namespace of the MPS daemon pods (the chart: the plugin's own)", "NAMESPACE"),
     Flag("mps_daemon_image", "image of the MPS daemon pods (the chart: the plugin's own image)", "IMAGE"),
+    Flag("telemetry", "true: sample every GPU and claimed compute NIC (NVML, sysfs) in a thread and serve the "
+         "series on /metrics, and flag idle claims; false: none of it (default true; docs/telemetry.md)", "BOOL"),
+    Flag("telemetry_interval", "seconds between telemetry samples (default 10)", "SECONDS"),
+    Flag("idle_activity_below", "a claim's GPUs count as idle below this compute activity, 0-1 (GPM SM activity, "
+         "else NVML utilisation; default 0.05)", "RATIO"),
+    Flag("idle_memory_below", "... and below this share of their memory in use, 0-1 (default 0.10)", "RATIO"),
+    Flag("idle_seconds", "a claim is idle once its GPUs stayed below both for this long (default 900)", "SECONDS"),
+    Flag("idle_conditions", "true: write the Idle condition into the claim's status.devices and an Event on its "
+         "pods when a claim becomes idle or active again; false: metrics only (default true)", "BOOL"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
 NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
@@ -157,6 +166,12 @@ class PluginConfig(BaseModel):
     mps_daemon: Literal["process", "pod"] = "process"
     mps_daemon_namespace: str | None = None
     mps_daemon_image: str | None = None
+    telemetry: bool = True
+    telemetry_interval: float = Field(default=10.0, gt=0)
+    idle_activity_below: float = Field(default=0.05, gt=0, le=1)
+    idle_memory_below: float = Field(default=0.10, gt=0, le=1)
+    idle_seconds: float = Field(default=900.0, ge=0)
+    idle_conditions: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from topodra.sharing.mpspod import MpsPods
     from topodra.sharing.timeslice import TimeSliceControl
     from topodra.state import DeviceState
+    from topodra.telemetry.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class Plugin:
         self.publisher: SlicePublisher | None = None
         self.monitor: HealthMonitor | None = None
         self.labeler: NodeLabeler | None = None
+        self.sampler: Sampler | None = None
         self._rediscover = threading.Event()
         self._stopping = threading.Event()
 
@@ -195,6 +197,9 @@ class Plugin:
             monitor.start()
             stack.callback(monitor.stop)
 
+            if cfg.telemetry:
+                self.sampler = start_telemetry(cfg, inventory, hw, state, kube, get_claim, stack)
+
             if cfg.node_labels:  # after the publisher: a Node that cannot be labelled must not delay serving
                 labeler = NodeLabeler(kube, cfg.node_name, cfg.topology_labels(), on_result=metrics.node_labels_result)
                 inventory.subscribe(labeler.devices_changed)
@@ -252,6 +257,26 @@ class Plugin:
                  self.cfg.driver_name, self.cfg.node_name)
         self._stack.close()
         log.info("kubelet plugin stopped driver=%s node=%s", self.cfg.driver_name, self.cfg.node_name)
+
+
+def start_telemetry(cfg: PluginConfig, inventory: Inventory, hw: NvmlBackend, state: DeviceState, kube: Any,
+                    get_claim: Any, stack: ExitStack) -> Sampler:
+    """The telemetry sampler (docs/telemetry.md): its own thread, reading the checkpoint without the node lock."""
+    from topodra.plugin import telemetry
+    from topodra.telemetry.claimstatus import ClaimStatusWriter
+    from topodra.telemetry.idle import IdleRule
+    from topodra.telemetry.sampler import Sampler
+
+    rule = IdleRule(activity_below=cfg.idle_activity_below, memory_below=cfg.idle_memory_below,
+                    idle_seconds=cfg.idle_seconds)
+    writer = ClaimStatusWriter(kube, cfg.driver_name, cfg.node_name) if cfg.idle_conditions else None
+    sampler = Sampler(inventory, hw.nvml, hw.sysfs, pool=cfg.node_name, driver=cfg.driver_name,
+                      held=state.held_devices, get_claim=get_claim, writer=writer, interval=cfg.telemetry_interval,
+                      rule=rule)
+    stack.callback(telemetry.register(cfg.node_name, lambda: sampler.snapshot))
+    sampler.start()
+    stack.callback(sampler.stop)
+    return sampler
 
 
 def host_driver(cfg: PluginConfig) -> HostDriver | None:

@@ -99,3 +99,22 @@ def test_a_gpu_without_nvlink_is_one_entry_not_one_per_link(monkeypatch: pytest.
     monkeypatch.setattr(nvml, "nvmlDeviceGetNvLinkState", unsupported)
     (entry,) = gpu_check_nvml.probe(nvml)["gpus"][0]["nvlinks"]
     assert entry["link"] == 0 and entry["state"]["code"] == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_records_the_telemetry_calls_raw(tmp_path: Path) -> None:
+    """The sampler's calls, in NVML's own units (docs/telemetry.md), per GPU; a Hopper GPU's GPM metrics."""
+    from topodra.hardware import load_backend
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"gpus": {"0": {"telemetry": {"utilGpu": 42, "powerMw": 123456, "pcieRxKBps": 7,
+                                                               "smActivity": 50.0}}}}))
+    nvml = load_backend("mock:dgx-h100", "n1", overrides={"faultsFile": str(faults)}).nvml
+    t = gpu_check_nvml.probe(nvml)["gpus"][0]["telemetry"]
+    assert t["utilization"]["value"] == {"gpu": 42, "memory": 0}
+    assert t["power_mw"] == {"value": 123456} and t["pcie_kbps_tx_rx"] == {"value": [0, 7]}
+    assert t["memory_v2"]["value"]["used"] == 0 and t["temperature_c"] == {"value": 30}
+    assert [f["return"] for f in t["nvlink_data_kib_fields_138_139"]["value"]] == [0, 0]
+    assert t["gpm_support"] == {"value": 1}
+    assert t["gpm_metrics"]["value"]["2"]["return"] == 0
+    assert t["gpm_metrics"]["value"]["2"]["value"] == pytest.approx(50.0, abs=1.0)
+    json.dumps(t)
