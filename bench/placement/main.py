@@ -55,7 +55,7 @@ from testkit import cluster as localcluster
 
 from topodra.apipaths import device_taint_rule_path
 from topodra.classcatalog import catalog, to_device_class
-from topodra.controller.reserve import rule_changes
+from topodra.controller.reserve import apply_order
 from topodra.kube import Kube, KubeError, make_transport
 from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
@@ -427,12 +427,15 @@ class Replay:
             self.kube.create(f"{gang.PODGROUPS}/namespaces/{self.ns}/podgroups", group)
         for k, name in enumerate(job.pod_names()):
             claim = pm.claim_for(job, k, self.policy, self.run)
+            pod = gang.gang_pod(pm.pod_for(job, k, self.policy, self.run, self.env.node_selector), job, self.policy)
             if claim is not None and self.reserver is not None and reserve.reserves(job):
                 claim["spec"] = reserve.tolerating(claim["spec"], reserve.job_uid(self.run, job.id))
+            elif claim is not None and self.reserver is not None and reserve.backfills(job, self.reserver.settings):
+                claim["spec"] = reserve.backfilling(claim["spec"], job)
+                pod["spec"]["activeDeadlineSeconds"] = reserve.deadline_s(job)
             if claim is not None:
                 self.kube.create(self._ns_path("resourceclaims"), claim)
-            self.kube.create(self._ns_path("pods"), gang.gang_pod(
-                pm.pod_for(job, k, self.policy, self.run, self.env.node_selector), job, self.policy))
+            self.kube.create(self._ns_path("pods"), pod)
             self.new_pods.add(name)
 
     def complete(self, job: pm.Job) -> list[str]:
@@ -560,7 +563,7 @@ class Replay:
             if self.reserver is not None:
                 with self.phase("reserve"):
                     placements, used = self.reserve_rounds(placements, used)
-                self.reserver.observe(self.clock.now, used)
+                self.reserver.observe(self.clock.now, used, self.clock, placements, self.jobs_by_pod)
             self.missed_log += self.missed(used)
             self.gangs.observe(self.clock, arrived, placements, used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
@@ -628,12 +631,14 @@ class Replay:
         for _ in range(rounds):
             _plan, want = self.reserver.step(self.clock, placements, used, self.jobs_by_pod)
             have = {r["metadata"]["name"]: r for r in self._rules()}
-            delete, create = rule_changes(have, want)
-            for name in delete:
-                self.kube.delete(device_taint_rule_path(name))
-            for rule in create:
-                self.kube.create(device_taint_rule_path(), rule)
-            freed = [n for n in delete if ((have[n].get("spec") or {}).get("taint") or {}).get("effect") == HOLD_EFFECT]
+            changes = apply_order(have, want)
+            for op, rule in changes:
+                if op == "delete":
+                    self.kube.delete(device_taint_rule_path(rule["metadata"]["name"]))
+                else:
+                    self.kube.create(device_taint_rule_path(), rule)
+            freed = [r for op, r in changes if op == "delete"
+                     and ((r.get("spec") or {}).get("taint") or {}).get("effect") == HOLD_EFFECT]
             if not freed:
                 break
             self.wait_idle()
@@ -787,6 +792,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="policy (g): virtual seconds a hold lasts at most (maxHold; default %(default)s)")
     p.add_argument("--max-reservations", type=int, default=reserve.Settings.max_reservations,
                    help="policy (g): holds at once (default %(default)s)")
+    p.add_argument("--reserve-grace", type=float, default=reserve.Settings.grace_s,
+                   help="policy (g): virtual seconds a hold lasts past its expected start (default %(default)s)")
+    p.add_argument("--reserve-cooldown", type=float, default=reserve.Settings.cooldown_s,
+                   help="policy (g): virtual seconds after an expired hold before the job may reserve again "
+                        "(default %(default)s)")
+    p.add_argument("--backfill", choices=("on", "off"), default="on",
+                   help="policy (g): jobs of 1-4 GPUs tolerate held devices whose backfill window fits their "
+                        "duration, and declare it as activeDeadlineSeconds (default on)")
     p.add_argument("--reserve-deadlines", choices=reserve.DEADLINES, default=reserve.Settings.deadlines,
                    help="policy (g): 'true': the planner knows every running pod's true end (as if it declared "
                         "activeDeadlineSeconds = its duration: a best case); 'none': no pod declares one")
@@ -1003,7 +1016,11 @@ def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
     return reserve.Settings(after_s=getattr(args, "reserve_after", d.after_s),
                             max_hold_s=getattr(args, "reserve_max_hold", d.max_hold_s),
                             max_reservations=getattr(args, "max_reservations", d.max_reservations),
-                            deadlines=getattr(args, "reserve_deadlines", d.deadlines))
+                            deadlines=getattr(args, "reserve_deadlines", d.deadlines),
+                            grace_s=getattr(args, "reserve_grace", d.grace_s),
+                            cooldown_s=getattr(args, "reserve_cooldown", d.cooldown_s),
+                            backfill=getattr(args, "backfill", "on") == "on",
+                            window_margin_s=max(float(getattr(args, "tick", 0.0) or 0.0), 1.0))
 
 
 def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunResult:

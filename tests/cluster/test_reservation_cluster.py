@@ -168,7 +168,8 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             before = allocations(sc)
             uid = gang_profile(sc, "big", {"afterWaiting": "3s", "maxHold": "10m"})
             tmpl = sc.kube.get(template_path(sc.ns, "big")) or {}
-            assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] == [vocab.toleration(uid)]
+            assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] == [
+                vocab.toleration(uid), vocab.window_toleration()]
             gang = job_pods(sc, "big", sc.nodes())
             start = time.monotonic()
 

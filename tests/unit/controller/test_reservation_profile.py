@@ -8,7 +8,7 @@ import pytest
 
 from topodra.controller.profile import ClaimProfile, ProfileError, parse_duration
 from topodra.controller.render import claim_spec, render_template
-from topodra.reservations import toleration
+from topodra.reservations import toleration, window_toleration
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 GANG: dict[str, Any] = {"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], "pods": 4,
@@ -72,7 +72,7 @@ def _tolerations(devices: dict[str, Any]) -> list[Any]:
 
 
 def test_every_request_and_subrequest_tolerates_exactly_the_profiles_own_reservation() -> None:
-    tol = [toleration(UID)]
+    tol = [toleration(UID), window_toleration()]
     one = claim_spec(prof({**GANG, "reservation": {}}))["devices"]
     assert _tolerations(one) == [tol]
     two = claim_spec(prof({**GANG, "alternatives": [{"deviceClassName": "gpu-h100", "count": 8},
