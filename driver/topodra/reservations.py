@@ -100,3 +100,47 @@ def tolerates_window(tol: dict[str, Any]) -> bool:
     if key == BACKFILL_WINDOW_KEY:
         return True
     return tol.get("operator") == "Exists" and key == ""
+
+
+def claim_backfill_bound(claim: dict[str, Any]) -> int | None:
+    """The runtime bound a backfill claim was placed under: the smallest window bucket any of its requests or
+    subrequests tolerates with ``Equal`` (it may sit on a held node whose window is that bucket); None when it
+    is no backfill claim (a reserving job tolerates the window key with ``Exists``, others not at all)."""
+    seconds = dict(WINDOW_LADDER)
+    found: list[int] = []
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        alts = [req.get("exactly") or {}, *(req.get("firstAvailable") or [])]
+        for alt in alts:
+            for tol in alt.get("tolerations") or []:
+                if tol.get("key") == BACKFILL_WINDOW_KEY and tol.get("operator", "Equal") == "Equal":
+                    found.append(seconds.get(str(tol.get("value", "")), 0))
+    return min(found) if found else None
+
+
+def backfill_refusal(claim: dict[str, Any], pods: list[dict[str, Any] | None]) -> str | None:
+    """Why a backfill claim must not be prepared for ``pods`` (its ``status.reservedFor`` pods as read; None:
+    a pod not found), or None when every one declares ``activeDeadlineSeconds`` <= the claim's bound (so it
+    cannot run past the reservation's expected start). A claim that is no backfill claim is never refused."""
+    bound = claim_backfill_bound(claim)
+    if bound is None:
+        return None
+    meta = claim.get("metadata") or {}
+    what = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    if not pods:
+        return f"{what} is a backfill claim (runtime bound {bound}s) reserved for no pod; not prepared"
+    for pod in pods:
+        if pod is None:
+            return f"{what} is a backfill claim and a pod it is reserved for cannot be read; not prepared"
+        name = (pod.get("metadata") or {}).get("name", "")
+        deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline > bound:
+            return (f"{what} is a backfill claim (it may use devices reserved for another job, only where that "
+                    f"job starts in {bound}s or later): pod {name} must declare activeDeadlineSeconds <= {bound} "
+                    f"(it declares {deadline if deadline is not None else 'none'}); not prepared")
+    return None
+
+
+def reserved_pods(claim: dict[str, Any]) -> list[str]:
+    """Names of the pods in a claim's ``status.reservedFor`` (same namespace as the claim)."""
+    return [str(r.get("name", "")) for r in (claim.get("status") or {}).get("reservedFor") or []
+            if r.get("resource") == "pods" and not r.get("apiGroup")]

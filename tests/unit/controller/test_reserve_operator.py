@@ -177,3 +177,24 @@ def test_a_rule_read_back_with_the_api_servers_time_added_is_the_same_rule(kube:
     uids = {r["metadata"]["uid"] for r in rules(kube).values()}
     refresh(kube)
     assert {r["metadata"]["uid"] for r in rules(kube).values()} == uids  # kept, not re-made every pass
+
+
+def test_a_hold_with_a_known_start_opens_a_backfill_window_and_keeps_its_first_estimate(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {"n1": 1})
+    pod = kube.objs[f"{pod_path('ml')}/n1-p0"]
+    pod["spec"]["activeDeadlineSeconds"] = 100 + 3 * 3600  # started 100 s ago: ends in 3 h
+    add_profile(kube, {**SPEC, "pods": 4})  # all four nodes: n1's pod is waited for
+    gang_pods(kube, waited=400, n=4)
+    st = refresh(kube)
+    res = st["reservation"]
+    assert res["state"] == "Held" and "expectedStart" in res
+    assert res["backfillWindow"] == "2h"  # 3 h less the margin (refresh interval + facts TTL) fits 2h, not 4h
+    windows = {r["spec"]["deviceSelector"]["pool"]: r["spec"]["taint"]["value"] for r in rules(kube).values()
+               if r["spec"]["taint"]["key"] == vocab.BACKFILL_WINDOW_KEY}
+    assert windows == {f"n{i}": "2h" for i in range(4)}
+    holds = [r for r in rules(kube).values() if r["spec"]["taint"]["key"] == vocab.RESERVATION_TAINT_KEY]
+    assert {r["metadata"]["annotations"]["topodra.io/reservation-expected-start"] for r in holds} == {
+        res["expectedStart"]}
+    ex = existing_reservations(list(rules(kube).values()), 0.0)
+    (only,) = ex.values()  # window rules are not a second reservation
+    assert only.nodes == ("n0", "n1", "n2", "n3") and only.expected_start is not None
