@@ -362,8 +362,9 @@ class Replay:
 
     def __init__(self, env: Env, policy: str, jobs: Sequence[pm.Job], tick: float, settle: float,
                  timeout: float, until_window_end: bool = False,
-                 reservation: reserve.Settings | None = None) -> None:
+                 reservation: reserve.Settings | None = None, idle_timeout: float = 120.0) -> None:
         self.env = env
+        self.idle_timeout = idle_timeout
         self.until_window_end = until_window_end
         self.kube = env.kube
         self.policy = policy
@@ -428,7 +429,7 @@ class Replay:
         for k, name in enumerate(job.pod_names()):
             claim = pm.claim_for(job, k, self.policy, self.run)
             pod = gang.gang_pod(pm.pod_for(job, k, self.policy, self.run, self.env.node_selector), job, self.policy)
-            if claim is not None and self.reserver is not None and reserve.reserves(job):
+            if claim is not None and self.reserver is not None and reserve.reserves(job, self.reserver.settings):
                 claim["spec"] = reserve.tolerating(claim["spec"], reserve.job_uid(self.run, job.id))
             elif claim is not None and self.reserver is not None and reserve.backfills(job, self.reserver.settings):
                 claim["spec"] = reserve.backfilling(claim["spec"], job)
@@ -460,7 +461,7 @@ class Replay:
     def wait_idle(self) -> None:
         """Until the scheduler has nothing queued or binding and did nothing for ``settle`` seconds,
         and every newly created pod was either bound or reported unschedulable."""
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.idle_timeout
         last: tuple[float, float] | None = None
         quiet_since = time.monotonic()
         gangs = self.policy in gang.GANG_POLICIES
@@ -474,7 +475,7 @@ class Replay:
             if now - quiet_since >= settle and self._new_pods_seen():
                 return
             time.sleep(0.03)
-        raise BenchError("kube-scheduler did not go idle within 120 s")
+        raise BenchError(f"kube-scheduler did not go idle within {self.idle_timeout:.0f} s")
 
     def _new_pods_seen(self) -> bool:
         if not self.new_pods:
@@ -797,6 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-cooldown", type=float, default=reserve.Settings.cooldown_s,
                    help="policy (g): virtual seconds after an expired hold before the job may reserve again "
                         "(default %(default)s)")
+    p.add_argument("--reserve-whole-server", choices=("on", "off"), default="off",
+                   help="policy (g): 8-GPU whole-server jobs reserve a node too (off: they backfill like 1-4 GPU "
+                        "jobs; default %(default)s)")
     p.add_argument("--backfill", choices=("on", "off"), default="on",
                    help="policy (g): jobs of 1-4 GPUs tolerate held devices whose backfill window fits their "
                         "duration, and declare it as activeDeadlineSeconds (default on)")
@@ -813,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="virtual seconds grouped into one step (0: one step per distinct event time)")
     p.add_argument("--settle", type=float, default=0.1, help="seconds the scheduler must stay idle")
     p.add_argument("--run-timeout", type=float, default=900, help="wall seconds one run may take")
+    p.add_argument("--idle-timeout", type=float, default=120.0,
+                   help="wall seconds a step waits for kube-scheduler to go idle before the run fails (raise it on "
+                        "a loaded machine; default %(default)s)")
     p.add_argument("--out", help="JSON file (default bench/results/placement/<UTC time>[-<label>].json)")
     p.add_argument("--label", default="", help="what the run is for, in the default file name (e.g. alibaba-cd)")
     p.add_argument("--plots", default=str(REPO / "docs" / "placement"),
@@ -1020,6 +1027,7 @@ def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
                             grace_s=getattr(args, "reserve_grace", d.grace_s),
                             cooldown_s=getattr(args, "reserve_cooldown", d.cooldown_s),
                             backfill=getattr(args, "backfill", "on") == "on",
+                            whole_server=getattr(args, "reserve_whole_server", "off") == "on",
                             window_margin_s=max(float(getattr(args, "tick", 0.0) or 0.0), 1.0))
 
 
@@ -1027,7 +1035,7 @@ def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunR
     name, jobs = workload(args, seed, env.inv.total())
     replay = Replay(env, policy, jobs, args.tick, args.settle, args.run_timeout,
                     until_window_end=getattr(args, "until_window_end", False),
-                    reservation=reservation_settings(args))
+                    reservation=reservation_settings(args), idle_timeout=getattr(args, "idle_timeout", 120.0))
     replay.setup()
     try:
         r = replay.execute()

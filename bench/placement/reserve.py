@@ -79,6 +79,7 @@ class Settings:
     cooldown_s: float = 1800.0  # after an expired hold, before the same wait may reserve again
     backfill: bool = True  # small jobs tolerate held devices whose window fits their duration
     window_margin_s: float = 900.0  # the step length: how late a window can be rewritten
+    whole_server: bool = False  # 8-GPU whole-server jobs reserve too (else they backfill like smaller ones)
 
     def __post_init__(self) -> None:
         if (self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0 or self.grace_s < 0
@@ -90,14 +91,17 @@ class Settings:
             raise ValueError(f"reservation deadlines must be one of {DEADLINES}, got {self.deadlines!r}")
 
 
-def reserves(job: pm.Job) -> bool:
-    """Multi-node jobs and 8-GPU whole-server jobs reserve; smaller ones never do."""
-    return job.pods > 1 or job.gpus == 8
+def reserves(job: pm.Job, settings: Settings | None = None) -> bool:
+    """Multi-node jobs reserve; 8-GPU whole-server jobs too when ``settings.whole_server`` (else they backfill);
+    smaller ones never do."""
+    whole = (settings or Settings()).whole_server
+    return job.pods > 1 or (whole and job.gpus == 8)
 
 
 def backfills(job: pm.Job, settings: Settings) -> bool:
     """A backfill job: it does not reserve, uses GPUs, and fits the largest window."""
-    return settings.backfill and job.gpus > 0 and not reserves(job) and job.duration <= WINDOW_LADDER[-1][1]
+    return (settings.backfill and job.gpus > 0 and not reserves(job, settings)
+            and job.duration <= WINDOW_LADDER[-1][1])
 
 
 def deadline_s(job: pm.Job) -> int:
@@ -199,7 +203,7 @@ class Reserver:
         now = clock.now
         pods_on = pods_by_node(clock, placements, jobs_by_pod, self.settings.deadlines)
         held_by = {n: uid for uid, ex in self.existing.items() if ex.state == rsv.HELD for n in ex.nodes}
-        waiting = [j for j in clock.waiting() if reserves(j)]
+        waiting = [j for j in clock.waiting() if reserves(j, self.settings)]
         jobs = [planner_job(j, self.run, self.ns, self.inv, self.fabric, used, pods_on, held_by, self.settings,
                             self.existing.get(job_uid(self.run, j.id)), self.expired.get(job_uid(self.run, j.id)))
                 for j in waiting]
@@ -240,7 +244,7 @@ class Reserver:
             if clock is None or job is None or p.node not in since or not backfills(job, self.settings):
                 continue
             start = clock.states[job.id].start
-            if start is not None and start >= since[p.node]:
+            if start is not None and start > since[p.node]:  # bound after the step that made the hold
                 filled += len(p.devices)
         self.backfill_series.append((t, filled))
 

@@ -227,6 +227,9 @@ class ClusterState:
         # it, and each node's reservation marks. Dropped whenever a slice, a class or a rule changes.
         self._taint_nodes: dict[Taint, set[str]] | None = None
         self._marks: dict[str, tuple[Mark, ...]] | None = None
+        # Blocking rules by the pool their selector names ("" for none: any pool), so a device asks only the
+        # rules that can select it (a reservation names one pool per rule: O(rules of its node), not O(rules)).
+        self._blocking_by_pool: dict[str, list[Obj]] | None = None
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
         self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
@@ -306,6 +309,7 @@ class ClusterState:
     def _forget_taint_index(self) -> None:
         self._taint_nodes = None
         self._marks = None
+        self._blocking_by_pool = None
 
     def _claim_touched(self, info: ClaimInfo) -> None:
         for pool, _dev in info.allocated:
@@ -317,14 +321,33 @@ class ClusterState:
     def set_taint_rule(self, obj: Obj) -> None:
         """A DeviceTaintRule (any driver's: its selector decides); one without an effect taints nothing."""
         name = _key(obj)[1]
-        self.taint_rules.pop(name, None)
+        old = self.taint_rules.pop(name, None)
         if rule_taint(obj) is not None:
             self.taint_rules[name] = obj
-        self._forget_rules()  # a rule may select devices on any node
+        self._rule_changed(old, obj)
 
     def delete_taint_rule(self, name: str) -> None:
-        if self.taint_rules.pop(name, None) is not None:
-            self._forget_rules()
+        old = self.taint_rules.pop(name, None)
+        if old is not None:
+            self._rule_changed(old, None)
+
+    def _rule_changed(self, old: Obj | None, new: Obj | None) -> None:
+        """Forget what a rule change may have changed: a rule naming a pool (a reservation's: one node) changes
+        only that node's unavailable devices; one without a pool may select devices on any node. Reservation
+        rules come and go every pass (holds, hints, backfill windows): dropping every node's table for each was
+        the scorer's cost with reservations (docs/placement.md)."""
+        nodes: set[str] = set()
+        for r in (old, new):
+            if r is None:
+                continue
+            if not ((r.get("spec") or {}).get("deviceSelector") or {}).get("pool"):
+                self._forget_rules()
+                return
+            nodes.update(self._rule_nodes(r))
+        self._forget_taint_index()
+        for node in nodes:
+            self._used_by_node.pop(node, None)
+            self._touch(node)
 
     def set_class(self, obj: Obj) -> None:
         self.classes[_key(obj)[1]] = class_matcher(obj)
@@ -555,9 +578,20 @@ class ClusterState:
             self._used_by_node[view.name] = got
         return got
 
+    def _blocking_rules(self) -> dict[str, list[Obj]]:
+        if self._blocking_by_pool is None:
+            out: dict[str, list[Obj]] = {}
+            for r in self.taint_rules.values():
+                if (rule_taint(r) or {}).get("effect") in BLOCKING_EFFECTS:
+                    pool = str(((r.get("spec") or {}).get("deviceSelector") or {}).get("pool") or "")
+                    out.setdefault(pool, []).append(r)
+            self._blocking_by_pool = out
+        return self._blocking_by_pool
+
     def _ruled_out(self, key: DeviceKey) -> bool:
-        return any(rule_matches(r, self.driver, key[0], key[1]) for r in self.taint_rules.values()
-                   if (rule_taint(r) or {}).get("effect") in BLOCKING_EFFECTS)
+        by_pool = self._blocking_rules()
+        return any(rule_matches(r, self.driver, key[0], key[1])
+                   for r in (*by_pool.get(key[0], ()), *by_pool.get("", ())))
 
     # ----- tolerations and reservations (issue 33)
 
@@ -594,11 +628,11 @@ class ClusterState:
         Equal to ``unavailable_indices`` for an empty tolerance. Not cached (only a few nodes differ)."""
         used = self.used
         pools = {d.key[0] for d in view.devices}
+        by_pool = self._blocking_rules()
         rules = []
-        for r in self.taint_rules.values():
+        for r in [r for pool in (*sorted(pools), "") for r in by_pool.get(pool, ())]:
             t = rule_taint(r)
-            pool = ((r.get("spec") or {}).get("deviceSelector") or {}).get("pool")
-            if t is not None and t.get("effect") in BLOCKING_EFFECTS and (not pool or pool in pools):
+            if t is not None:
                 rules.append((taint_tuple(t), r))
         out = []
         for i, d in enumerate(view.devices):

@@ -40,7 +40,9 @@ def used_of(placements: dict[str, pm.Placement]) -> set[tuple[str, str]]:
 
 
 def test_who_reserves_uid_and_toleration_as_the_controller_renders_it() -> None:
-    assert [reserve.reserves(job(1, g)) for g in (1, 2, 4, 8, 16, 64)] == [False] * 3 + [True] * 3
+    assert [reserve.reserves(job(1, g)) for g in (1, 2, 4, 8, 16, 64)] == [False] * 4 + [True] * 2
+    whole = reserve.Settings(whole_server=True)  # 8-GPU whole-server jobs reserve too (else they backfill)
+    assert [reserve.reserves(job(1, g), whole) for g in (1, 2, 4, 8, 16, 64)] == [False] * 3 + [True] * 3
     uid = reserve.job_uid("run1", 7)
     assert len(uid) == 36 and uid == reserve.job_uid("run1", 7) and uid != reserve.job_uid("run2", 7)
     spec = pm.claim_spec_for(job(1, 64), "g")
@@ -155,7 +157,9 @@ def test_max_hold_expires_and_the_job_reserves_again_after_the_cool_down() -> No
 def test_backfill_jobs_tolerate_windows_that_fit_their_duration_and_held_nodes_get_windows() -> None:
     small, short, huge = job(1, 2, duration=1000.0), job(2, 1, duration=100.0), job(3, 1, duration=60_000.0)
     s = reserve.Settings()
-    assert [reserve.backfills(j, s) for j in (small, short, huge, job(4, 8), job(5, 16))] == [True, True] + [False] * 3
+    assert [reserve.backfills(j, s) for j in (small, short, huge, job(4, 8), job(5, 16))] == [
+        True, True, False, True, False]
+    assert not reserve.backfills(job(4, 8), reserve.Settings(whole_server=True))
     assert not reserve.backfills(small, reserve.Settings(backfill=False))
     spec = pm.claim_spec_for(small, "g")
     assert spec is not None
