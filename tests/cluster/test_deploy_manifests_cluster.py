@@ -100,8 +100,9 @@ def can_i(nc: ClusterHandle, who: str, verb: str, resource: str, ns: str | None 
 
 PLUGIN_ALLOWED = [(v, "resourceslices.resource.k8s.io") for v in
                   ("get", "list", "watch", "create", "update", "patch", "delete")] + [
-    ("get", "resourceclaims.resource.k8s.io"), ("get", "nodes"), ("patch", "nodes")]
-PLUGIN_DENIED = [("get", "secrets"), ("list", "secrets"), ("list", "pods"), ("update", "nodes"),
+    ("get", "resourceclaims.resource.k8s.io"), ("get", "nodes"), ("patch", "nodes"),
+    ("get", "pods")]  # a backfill claim's pods: their activeDeadlineSeconds (plugin/server.py)
+PLUGIN_DENIED = [("get", "secrets"), ("list", "secrets"), ("list", "pods"), ("update", "pods"), ("update", "nodes"),
                  ("update", "resourceclaims.resource.k8s.io"), ("patch", "resourceclaims.resource.k8s.io/status"),
                  ("list", "resourceclaims.resource.k8s.io"), ("create", "deviceclasses.resource.k8s.io"),
                  ("create", "events")]

@@ -267,7 +267,8 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
         wait_for(lambda: sc.kube.get(profile_path(sc.ns, "down")) is None, 30, "the profile deleted")
         assert len(hold_rules(sc)) == 4, "the rules outlived the controller (no finalizer, nothing else owns them)"
         with controller_process(sc.cluster.kubeconfig, sc.ns, "rsv2", LOG_DIR / f"{sc.ns}-restart.log"):
-            wait_for(lambda: our_rules(sc) == [], 30, "the restarted controller to collect the gone profile's rules")
+            # 120 s: the controller's start (imports, informers, the lease) took 30 s on a loaded 2-core machine.
+            wait_for(lambda: our_rules(sc) == [], 120, "the restarted controller to collect the gone profile's rules")
     finally:
         sc.close()
 

@@ -223,6 +223,9 @@ class ClusterState:
         self._slices_by_node: dict[str, set[str]] = {}
         self._pool_node: dict[str, str] = {}
         self._used_by_node: dict[str, frozenset[int]] = {}
+        # ``unavailable_for`` per node and tolerance (backfill pods share a few tolerances: one per window bucket),
+        # dropped with the node's ``_used_by_node`` entry.
+        self._tolerated_by_node: dict[str, dict[Tolerance, frozenset[int]]] = {}
         # Derived from slices and rules only (never claims): blocking taint -> nodes where some device may carry
         # it, and each node's reservation marks. Dropped whenever a slice, a class or a rule changes.
         self._taint_nodes: dict[Taint, set[str]] | None = None
@@ -265,8 +268,16 @@ class ClusterState:
 
     def _forget_used(self) -> None:
         """Every node's unavailable set may have changed (a taint rule, a relist of claims)."""
-        self._used_by_node.clear()
+        self._drop_all_used()
         self._touch_all()
+
+    def _drop_used(self, node: str) -> None:
+        self._used_by_node.pop(node, None)
+        self._tolerated_by_node.pop(node, None)
+
+    def _drop_all_used(self) -> None:
+        self._used_by_node.clear()
+        self._tolerated_by_node.clear()
 
     def _forget_rules(self) -> None:
         self._forget_used()
@@ -297,12 +308,12 @@ class ClusterState:
 
     def _forget_view(self, node: str) -> None:
         self._views.pop(node, None)
-        self._used_by_node.pop(node, None)
+        self._drop_used(node)
         self._touch(node)
 
     def _forget_views(self) -> None:
         self._views.clear()
-        self._used_by_node.clear()
+        self._drop_all_used()
         self._forget_taint_index()
         self._touch_all()
 
@@ -315,7 +326,7 @@ class ClusterState:
         for pool, _dev in info.allocated:
             node = self._pool_node.get(pool)
             if node is not None:
-                self._used_by_node.pop(node, None)
+                self._drop_used(node)
                 self._touch(node)
 
     def set_taint_rule(self, obj: Obj) -> None:
@@ -346,7 +357,7 @@ class ClusterState:
             nodes.update(self._rule_nodes(r))
         self._forget_taint_index()
         for node in nodes:
-            self._used_by_node.pop(node, None)
+            self._drop_used(node)
             self._touch(node)
 
     def set_class(self, obj: Obj) -> None:
@@ -625,7 +636,15 @@ class ClusterState:
     def unavailable_for(self, view: NodeView, tolerance: Tolerance) -> frozenset[int]:
         """``unavailable_indices`` as a pod with these tolerations meets it: held by an allocated claim, or
         carrying a blocking taint that not every alternative of the pod tolerates (``fleet.taints.tolerated``).
-        Equal to ``unavailable_indices`` for an empty tolerance. Not cached (only a few nodes differ)."""
+        Equal to ``unavailable_indices`` for an empty tolerance. Cached per node and tolerance until a claim
+        there, the node's slices or a rule that may select its devices change (as ``unavailable_indices``)."""
+        mine = self._tolerated_by_node.setdefault(view.name, {})
+        got = mine.get(tolerance)
+        if got is None:
+            got = mine[tolerance] = self._unavailable_for(view, tolerance)
+        return got
+
+    def _unavailable_for(self, view: NodeView, tolerance: Tolerance) -> frozenset[int]:
         used = self.used
         pools = {d.key[0] for d in view.devices}
         by_pool = self._blocking_rules()
