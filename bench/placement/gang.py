@@ -210,6 +210,7 @@ TABLE_ROWS = [("utilisation", "GPU utilisation", 3), ("goodput", "goodput (model
               ("wait_p95_s_1to8", "1-8 GPU wait p95 (s)", 0),
               ("type_violations", "type violations (jobs)", 1),
               ("reservation_idle_gpu_hours", "GPU-hours held idle by reservations", 0),
+              ("backfilled_gpu_hours", "GPU-hours backfilled on held nodes", 0),
               ("reservations_made", "reservations made", 1), ("reservations_expired", "reservations expired", 1),
               ("reservations_leaked", "reservations_leaked", 1),
               ("big_job_wait_s", "adversarial: 64-GPU job's wait (s)", 0),

@@ -55,7 +55,7 @@ from testkit import cluster as localcluster
 
 from topodra.apipaths import device_taint_rule_path
 from topodra.classcatalog import catalog, to_device_class
-from topodra.controller.reserve import rule_changes
+from topodra.controller.reserve import apply_order
 from topodra.kube import Kube, KubeError, make_transport
 from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
 from topodra.simulate import SimulatedCluster, Simulation, load_cluster
@@ -362,8 +362,9 @@ class Replay:
 
     def __init__(self, env: Env, policy: str, jobs: Sequence[pm.Job], tick: float, settle: float,
                  timeout: float, until_window_end: bool = False,
-                 reservation: reserve.Settings | None = None) -> None:
+                 reservation: reserve.Settings | None = None, idle_timeout: float = 120.0) -> None:
         self.env = env
+        self.idle_timeout = idle_timeout
         self.until_window_end = until_window_end
         self.kube = env.kube
         self.policy = policy
@@ -427,12 +428,15 @@ class Replay:
             self.kube.create(f"{gang.PODGROUPS}/namespaces/{self.ns}/podgroups", group)
         for k, name in enumerate(job.pod_names()):
             claim = pm.claim_for(job, k, self.policy, self.run)
-            if claim is not None and self.reserver is not None and reserve.reserves(job):
+            pod = gang.gang_pod(pm.pod_for(job, k, self.policy, self.run, self.env.node_selector), job, self.policy)
+            if claim is not None and self.reserver is not None and reserve.reserves(job, self.reserver.settings):
                 claim["spec"] = reserve.tolerating(claim["spec"], reserve.job_uid(self.run, job.id))
+            elif claim is not None and self.reserver is not None and reserve.backfills(job, self.reserver.settings):
+                claim["spec"] = reserve.backfilling(claim["spec"], job)
+                pod["spec"]["activeDeadlineSeconds"] = reserve.deadline_s(job)
             if claim is not None:
                 self.kube.create(self._ns_path("resourceclaims"), claim)
-            self.kube.create(self._ns_path("pods"), gang.gang_pod(
-                pm.pod_for(job, k, self.policy, self.run, self.env.node_selector), job, self.policy))
+            self.kube.create(self._ns_path("pods"), pod)
             self.new_pods.add(name)
 
     def complete(self, job: pm.Job) -> list[str]:
@@ -457,7 +461,7 @@ class Replay:
     def wait_idle(self) -> None:
         """Until the scheduler has nothing queued or binding and did nothing for ``settle`` seconds,
         and every newly created pod was either bound or reported unschedulable."""
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.idle_timeout
         last: tuple[float, float] | None = None
         quiet_since = time.monotonic()
         gangs = self.policy in gang.GANG_POLICIES
@@ -471,7 +475,7 @@ class Replay:
             if now - quiet_since >= settle and self._new_pods_seen():
                 return
             time.sleep(0.03)
-        raise BenchError("kube-scheduler did not go idle within 120 s")
+        raise BenchError(f"kube-scheduler did not go idle within {self.idle_timeout:.0f} s")
 
     def _new_pods_seen(self) -> bool:
         if not self.new_pods:
@@ -560,7 +564,7 @@ class Replay:
             if self.reserver is not None:
                 with self.phase("reserve"):
                     placements, used = self.reserve_rounds(placements, used)
-                self.reserver.observe(self.clock.now, used)
+                self.reserver.observe(self.clock.now, used, self.clock, placements, self.jobs_by_pod)
             self.missed_log += self.missed(used)
             self.gangs.observe(self.clock, arrived, placements, used)
             snap = pm.snapshot(self.clock.now, self.env.inv, used, self.clock, self.mix, self.policy)
@@ -628,12 +632,14 @@ class Replay:
         for _ in range(rounds):
             _plan, want = self.reserver.step(self.clock, placements, used, self.jobs_by_pod)
             have = {r["metadata"]["name"]: r for r in self._rules()}
-            delete, create = rule_changes(have, want)
-            for name in delete:
-                self.kube.delete(device_taint_rule_path(name))
-            for rule in create:
-                self.kube.create(device_taint_rule_path(), rule)
-            freed = [n for n in delete if ((have[n].get("spec") or {}).get("taint") or {}).get("effect") == HOLD_EFFECT]
+            changes = apply_order(have, want)
+            for op, rule in changes:
+                if op == "delete":
+                    self.kube.delete(device_taint_rule_path(rule["metadata"]["name"]))
+                else:
+                    self.kube.create(device_taint_rule_path(), rule)
+            freed = [r for op, r in changes if op == "delete"
+                     and ((r.get("spec") or {}).get("taint") or {}).get("effect") == HOLD_EFFECT]
             if not freed:
                 break
             self.wait_idle()
@@ -787,6 +793,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="policy (g): virtual seconds a hold lasts at most (maxHold; default %(default)s)")
     p.add_argument("--max-reservations", type=int, default=reserve.Settings.max_reservations,
                    help="policy (g): holds at once (default %(default)s)")
+    p.add_argument("--reserve-grace", type=float, default=reserve.Settings.grace_s,
+                   help="policy (g): virtual seconds a hold lasts past its expected start (default %(default)s)")
+    p.add_argument("--reserve-cooldown", type=float, default=reserve.Settings.cooldown_s,
+                   help="policy (g): virtual seconds after an expired hold before the job may reserve again "
+                        "(default %(default)s)")
+    p.add_argument("--reserve-whole-server", choices=("on", "off"), default="off",
+                   help="policy (g): 8-GPU whole-server jobs reserve a node too (off: they backfill like 1-4 GPU "
+                        "jobs; default %(default)s)")
+    p.add_argument("--backfill", choices=("on", "off"), default="on",
+                   help="policy (g): jobs of 1-4 GPUs tolerate held devices whose backfill window fits their "
+                        "duration, and declare it as activeDeadlineSeconds (default on)")
     p.add_argument("--reserve-deadlines", choices=reserve.DEADLINES, default=reserve.Settings.deadlines,
                    help="policy (g): 'true': the planner knows every running pod's true end (as if it declared "
                         "activeDeadlineSeconds = its duration: a best case); 'none': no pod declares one")
@@ -800,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="virtual seconds grouped into one step (0: one step per distinct event time)")
     p.add_argument("--settle", type=float, default=0.1, help="seconds the scheduler must stay idle")
     p.add_argument("--run-timeout", type=float, default=900, help="wall seconds one run may take")
+    p.add_argument("--idle-timeout", type=float, default=120.0,
+                   help="wall seconds a step waits for kube-scheduler to go idle before the run fails (raise it on "
+                        "a loaded machine; default %(default)s)")
     p.add_argument("--out", help="JSON file (default bench/results/placement/<UTC time>[-<label>].json)")
     p.add_argument("--label", default="", help="what the run is for, in the default file name (e.g. alibaba-cd)")
     p.add_argument("--plots", default=str(REPO / "docs" / "placement"),
@@ -1003,14 +1023,19 @@ def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
     return reserve.Settings(after_s=getattr(args, "reserve_after", d.after_s),
                             max_hold_s=getattr(args, "reserve_max_hold", d.max_hold_s),
                             max_reservations=getattr(args, "max_reservations", d.max_reservations),
-                            deadlines=getattr(args, "reserve_deadlines", d.deadlines))
+                            deadlines=getattr(args, "reserve_deadlines", d.deadlines),
+                            grace_s=getattr(args, "reserve_grace", d.grace_s),
+                            cooldown_s=getattr(args, "reserve_cooldown", d.cooldown_s),
+                            backfill=getattr(args, "backfill", "on") == "on",
+                            whole_server=getattr(args, "reserve_whole_server", "off") == "on",
+                            window_margin_s=max(float(getattr(args, "tick", 0.0) or 0.0), 1.0))
 
 
 def run_once(env: Env, args: argparse.Namespace, policy: str, seed: int) -> RunResult:
     name, jobs = workload(args, seed, env.inv.total())
     replay = Replay(env, policy, jobs, args.tick, args.settle, args.run_timeout,
                     until_window_end=getattr(args, "until_window_end", False),
-                    reservation=reservation_settings(args))
+                    reservation=reservation_settings(args), idle_timeout=getattr(args, "idle_timeout", 120.0))
     replay.setup()
     try:
         r = replay.execute()

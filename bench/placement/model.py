@@ -45,7 +45,7 @@ POLICIES: dict[str, str] = {
     "f": "(e) + topodra placement scorer (gang-aware: one leaf group inside the unit)",
     "dr": "(d') (d) with the scorer counting node CPU and memory (--host-resources on)",
     "g": "(f) + reservations for waiting multi-node and 8-GPU jobs (the controller's planner; "
-         "bench/placement/reserve.py), no backfill",
+         "bench/placement/reserve.py), backfill of 1-4 GPU jobs by their duration",
 }
 SCORER_POLICIES = {"d": "off", "dr": "on", "f": "off", "g": "off"}  # policy -> the scorer's --host-resources
 

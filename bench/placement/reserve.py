@@ -20,17 +20,25 @@ What the planner is told, from the benchmark's own view:
   ``Settings.deadlines`` is ``"true"`` (the default: as if every pod declared ``activeDeadlineSeconds`` equal to its
   real duration, a best case, since users' deadlines are upper bounds) or with no end (``"none"``: the planner then
   ranks by pods to wait for and free GPUs, and has no expected start);
-* existing holds: what the previous step's plan wrote, with its virtual ``since`` (the controller reads its rules'
-  creationTimestamp; on the virtual clock that is the step that created them);
-* expired: a job whose hold ran out (``max_hold_s``) is not reserved again (a bench job waits only once).
+* existing holds: what the previous step's plan wrote, with its virtual ``since`` and expected start (the
+  controller reads its rules' creationTimestamp and expected-start annotation);
+* expired: when a job's hold ran out (``max_hold_s``, or ``grace_s`` past its expected start); the planner lets
+  it reserve again after ``cooldown_s``.
 
-No backfill: the planner offers none (a pod without the job's toleration never gets a held device).
+Backfill (``Settings.backfill``, on by default): every job that does not reserve (1-4 GPUs) is a backfill job.
+Its claim carries ``reservations.backfill_tolerations(duration)`` (its true duration is its runtime bound, as
+the planner is told true ends) and its pod ``activeDeadlineSeconds`` = the duration rounded up; a job longer
+than the largest window gets neither. The rules include each held node's backfill window
+(``reserve.wanted_rules``), with ``window_margin_s`` = the step length (``--tick``): the rules are rewritten once
+per step, and a pod binds at the latest one step after a window was written. With ``deadlines == "none"`` every
+window is closed (no expected start), so nothing backfills.
 
 Metrics (``Reserver.metrics``, over the arrival window like the others):
 
 * ``reservation_idle_gpu_hours``: GPU-hours of held nodes' GPUs that were free while held (the cost);
 * ``reservations_made`` / ``reservations_expired``: holds made (a job's hold moved to other nodes counts again)
-  and holds released on ``max_hold_s``;
+  and holds that ran out (maxHold or expected start + grace);
+* ``backfilled_gpu_hours``: GPU-hours of backfill jobs' pods on held nodes (bound after the hold was made);
 * ``reservations_leaked``: the benchmark's DeviceTaintRules still in the API when the replay ended whose job is
   not waiting any more (counted by the runner before it deletes them; ``leaked``);
 * adversarial stream (one 64-GPU job, ``gang.adversarial_jobs``): ``big_job_wait_s`` (NaN: never started),
@@ -49,9 +57,9 @@ from typing import Any
 from bench.placement import model as pm
 
 from topodra.controller import reservation as rsv
-from topodra.controller.render import with_tolerations
+from topodra.controller.render import with_backfill, with_tolerations
 from topodra.controller.reserve import rule_uid, wanted_rules
-from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
+from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL, WINDOW_LADDER
 
 RESERVING_POLICIES = frozenset({"g"})
 _UID_NAMESPACE = uuid.UUID("8f0e4c52-3b9a-4c43-9a57-33a7c3d5e0a1")  # fixed: the same run and job give one uid
@@ -64,12 +72,18 @@ class Settings:
     """The reservation parameters of (g); the defaults are ``topodra controller``'s (``ControllerConfig``)."""
 
     after_s: float = 900.0  # afterWaiting, virtual seconds
-    max_hold_s: float = 7200.0  # maxHold
+    max_hold_s: float = 86400.0  # maxHold
     max_reservations: int = 2
     deadlines: str = "true"  # "true": running pods end at their true virtual end; "none": no deadline
+    grace_s: float = 900.0  # a hold ends this long after its expected start
+    cooldown_s: float = 1800.0  # after an expired hold, before the same wait may reserve again
+    backfill: bool = True  # small jobs tolerate held devices whose window fits their duration
+    window_margin_s: float = 900.0  # the step length: how late a window can be rewritten
+    whole_server: bool = False  # 8-GPU whole-server jobs reserve too (else they backfill like smaller ones)
 
     def __post_init__(self) -> None:
-        if self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0:
+        if (self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0 or self.grace_s < 0
+                or self.cooldown_s < 0 or self.window_margin_s < 0):
             raise ValueError(f"reservation settings: afterWaiting must not be negative, maxHold must be positive and "
                              f"max reservations not negative (got {self.after_s}, {self.max_hold_s}, "
                              f"{self.max_reservations})")
@@ -77,9 +91,29 @@ class Settings:
             raise ValueError(f"reservation deadlines must be one of {DEADLINES}, got {self.deadlines!r}")
 
 
-def reserves(job: pm.Job) -> bool:
-    """Multi-node jobs and 8-GPU whole-server jobs reserve; smaller ones never do."""
-    return job.pods > 1 or job.gpus == 8
+def reserves(job: pm.Job, settings: Settings | None = None) -> bool:
+    """Multi-node jobs reserve; 8-GPU whole-server jobs too when ``settings.whole_server`` (else they backfill);
+    smaller ones never do."""
+    whole = (settings or Settings()).whole_server
+    return job.pods > 1 or (whole and job.gpus == 8)
+
+
+def backfills(job: pm.Job, settings: Settings) -> bool:
+    """A backfill job: it does not reserve, uses GPUs, and fits the largest window."""
+    return (settings.backfill and job.gpus > 0 and not reserves(job, settings)
+            and job.duration <= WINDOW_LADDER[-1][1])
+
+
+def deadline_s(job: pm.Job) -> int:
+    """A backfill pod's ``activeDeadlineSeconds``: its true duration, rounded up."""
+    return max(1, math.ceil(job.duration))
+
+
+def backfilling(spec: dict[str, Any], job: pm.Job) -> dict[str, Any]:
+    """A claim spec whose every request tolerates held devices whose backfill window fits ``job``'s duration."""
+    devices = dict(spec["devices"])
+    devices["requests"] = with_backfill(list(devices["requests"]), deadline_s(job))
+    return {**spec, "devices": devices}
 
 
 def job_uid(run: str, job_id: int) -> str:
@@ -103,7 +137,7 @@ def _capacity(per_pod: int) -> rsv.Capacity:
 def planner_job(job: pm.Job, run: str, ns: str, inv: pm.NodeCapacity, fabric: Mapping[str, Mapping[str, str]],
                 used: set[tuple[str, str]], pods_on: Mapping[str, Sequence[tuple[str, tuple[str, ...], float | None]]],
                 held_by: Mapping[str, str], settings: Settings, existing: rsv.Existing | None,
-                expired: bool) -> rsv.Job:
+                expired_at: float | None) -> rsv.Job:
     """The planner's view of one waiting job (module docstring). ``pods_on``: node -> (pod, its GPUs there, its
     end); ``held_by``: node -> the uid holding it now."""
     uid = job_uid(run, job.id)
@@ -120,7 +154,7 @@ def planner_job(job: pm.Job, run: str, ns: str, inv: pm.NodeCapacity, fabric: Ma
         running = tuple(rsv.RunningPod(name, devs, end) for name, devs, end in pods_on.get(node, ()))
         nodes.append(rsv.NodeState(node, domain, free, running))
     return rsv.Job(ns, f"j{job.id:05d}", uid, job.pods, job.arrival, settings.after_s, settings.max_hold_s,
-                   tuple(nodes), _capacity(job.per_pod), existing, expired)
+                   tuple(nodes), _capacity(job.per_pod), existing, expired_at, settings.cooldown_s, settings.grace_s)
 
 
 def pods_by_node(clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], jobs_by_pod: Mapping[str, pm.Job],
@@ -155,10 +189,11 @@ class Reserver:
     fabric: Mapping[str, Mapping[str, str]]
     driver: str = pm.DRIVER
     existing: dict[str, rsv.Existing] = field(default_factory=dict)
-    expired: set[str] = field(default_factory=set)
+    expired: dict[str, float] = field(default_factory=dict)  # uid -> when its last hold ran out
     made: int = 0
     expired_count: int = 0
     series: list[tuple[float, int]] = field(default_factory=list)  # (t, held GPUs free)
+    backfill_series: list[tuple[float, int]] = field(default_factory=list)  # (t, held GPUs used by backfill)
     first_hold: dict[int, tuple[float, float]] = field(default_factory=dict)  # job id -> (since, longest remaining)
     rules_leaked: int = 0
 
@@ -168,9 +203,9 @@ class Reserver:
         now = clock.now
         pods_on = pods_by_node(clock, placements, jobs_by_pod, self.settings.deadlines)
         held_by = {n: uid for uid, ex in self.existing.items() if ex.state == rsv.HELD for n in ex.nodes}
-        waiting = [j for j in clock.waiting() if reserves(j)]
+        waiting = [j for j in clock.waiting() if reserves(j, self.settings)]
         jobs = [planner_job(j, self.run, self.ns, self.inv, self.fabric, used, pods_on, held_by, self.settings,
-                            self.existing.get(job_uid(self.run, j.id)), job_uid(self.run, j.id) in self.expired)
+                            self.existing.get(job_uid(self.run, j.id)), self.expired.get(job_uid(self.run, j.id)))
                 for j in waiting]
         result = rsv.plan(jobs, now, self.settings.max_reservations)
         by_uid = {job_uid(self.run, j.id): j for j in waiting}
@@ -186,20 +221,32 @@ class Reserver:
                 rest = [(e - now) for w in r.place.waits if (e := ends.get(w)) is not None]
                 unknown = any(ends.get(w) is None for w in r.place.waits)
                 self.first_hold[job.id] = (now, math.inf if unknown else max(rest, default=0.0))
-        self.expired |= {j.uid for j in result.expired}
+        self.expired.update({j.uid: now for j in result.expired})
         self.expired_count += len(result.expired)
-        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since)
+        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since, r.place.expected_start)
                          for r in result.reservations}
-        return result, wanted_rules(result, self.driver)
+        return result, wanted_rules(result, self.driver, now, self.settings.window_margin_s)
 
     def held_nodes(self) -> set[str]:
         return {n for ex in self.existing.values() if ex.state == rsv.HELD for n in ex.nodes}
 
-    def observe(self, t: float, used: set[tuple[str, str]]) -> None:
-        """GPUs free on held nodes now (held idle until the next step)."""
+    def observe(self, t: float, used: set[tuple[str, str]], clock: pm.VirtualClock | None = None,
+                placements: Mapping[str, pm.Placement] | None = None,
+                jobs_by_pod: Mapping[str, pm.Job] | None = None) -> None:
+        """GPUs free on held nodes now (held idle until the next step), and GPUs of backfill jobs on held nodes."""
         held = self.held_nodes()
         idle = sum(1 for (node, dev) in self.inv.gpus if node in held and (node, dev) not in used)
         self.series.append((t, idle))
+        since = {n: ex.since for ex in self.existing.values() if ex.state == rsv.HELD for n in ex.nodes}
+        filled = 0
+        for name, p in (placements or {}).items():
+            job = (jobs_by_pod or {}).get(name)
+            if clock is None or job is None or p.node not in since or not backfills(job, self.settings):
+                continue
+            start = clock.states[job.id].start
+            if start is not None and start > since[p.node]:  # bound after the step that made the hold
+                filled += len(p.devices)
+        self.backfill_series.append((t, filled))
 
     def metrics(self, clock: pm.VirtualClock) -> dict[str, Any]:
         states = list(clock.states.values())
@@ -207,7 +254,10 @@ class Reserver:
         t1 = clock.last_arrival
         snaps = [_Idle(t, n) for t, n in self.series]
         idle = pm.time_average(snaps, "idle", t0, t1)  # type: ignore[arg-type]
+        fills = [_Idle(t, n) for t, n in self.backfill_series]
+        filled = pm.time_average(fills, "idle", t0, t1)  # type: ignore[arg-type]
         out: dict[str, Any] = {"reservation_idle_gpus": idle, "reservation_idle_gpu_hours": idle * (t1 - t0) / 3600,
+                               "backfilled_gpu_hours": filled * (t1 - t0) / 3600 if self.backfill_series else 0.0,
                                "reservations_made": self.made, "reservations_expired": self.expired_count,
                                "reservations_leaked": self.rules_leaked}
         big = [s for s in states if s.job.gpus == BIG_GPUS]

@@ -13,12 +13,15 @@ time, and tops the backlog up after each, so it never empties (a steady flow).
   while the rules held is on a reserved node, and once the gang is bound no rule is left.
 * A profile deleted while its reservation holds leaves no rule behind, also when it is deleted while the
   controller is down (the restarted controller's first pass collects the rules).
+* Backfill: with a hold whose expected start is known, a backfill pod whose runtime bound fits the window lands
+  on a held device; a pod without backfill, and a backfill pod whose bound is longer than the window, do not.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from datetime import UTC, datetime
 from itertools import count
 from typing import Any
 
@@ -116,6 +119,17 @@ def our_rules(sc: Scenario) -> list[Obj]:
             if (r["metadata"].get("labels") or {}).get(vocab.PROFILE_NS_LABEL) == sc.ns]
 
 
+def hold_rules(sc: Scenario) -> list[Obj]:
+    """Our reservation rules (not the backfill windows that come with each held node)."""
+    return [r for r in our_rules(sc) if r["spec"]["taint"]["key"] == vocab.RESERVATION_TAINT_KEY]
+
+
+def window_rules(sc: Scenario) -> dict[str, str]:
+    """node -> its backfill window value."""
+    return {r["spec"]["deviceSelector"]["pool"]: r["spec"]["taint"]["value"] for r in our_rules(sc)
+            if r["spec"]["taint"]["key"] == vocab.BACKFILL_WINDOW_KEY}
+
+
 def gang_profile(sc: Scenario, name: str, reservation: Obj) -> str:
     """The 4 x 8-GPU profile; waits for its template and PodGroup; returns its uid."""
     made = sc.kube.create(profile_path(sc.ns), {
@@ -168,12 +182,13 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             before = allocations(sc)
             uid = gang_profile(sc, "big", {"afterWaiting": "3s", "maxHold": "10m"})
             tmpl = sc.kube.get(template_path(sc.ns, "big")) or {}
-            assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] == [vocab.toleration(uid)]
+            assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] == [
+                vocab.toleration(uid), vocab.window_toleration()]
             gang = job_pods(sc, "big", sc.nodes())
             start = time.monotonic()
 
             def held() -> list[Obj] | None:
-                rules = our_rules(sc)
+                rules = hold_rules(sc)
                 return rules if len(rules) == 4 and all(r["spec"]["taint"]["effect"] == "NoSchedule"
                                                         for r in rules) else None
             rules: list[Obj] = wait_for(held, 60, "the controller to reserve 4 nodes for the waiting gang")
@@ -195,6 +210,7 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             status: Obj = wait_for(reservation_status, 30, "status.reservation Held")
             assert (status["state"], status["domain"], status["nodes"]) == ("Held", "l1", reserved), status
             assert "expectedStart" not in status  # the small pods declare no activeDeadlineSeconds
+            assert status["backfillWindow"] == vocab.CLOSED and set(window_rules(sc).values()) == {vocab.CLOSED}
             assert unbound(sc, gang) == gang
             # Completions, oldest first, until no small pod is left on the reserved nodes: at most the small pods
             # that existed when the rules came (later ones can run only on the 5th node, and are newer).
@@ -208,7 +224,7 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
             while on_reserved():
                 assert completions < budget, f"small pods still on the reserved nodes after {completions} completions"
                 seen.update(allocations(sc))
-                current = {r["metadata"]["uid"] for r in our_rules(sc)}
+                current = {r["metadata"]["uid"] for r in hold_rules(sc)}
                 assert current == uids, "the reservation's rules changed while it held"
                 flow.complete_oldest()
                 flow.refill()
@@ -249,9 +265,91 @@ def test_reservation_lets_a_starving_gang_start(gang_cluster: ClusterHandle) -> 
         # The controller has exited (controller_process waited for it): nothing of ours can delete a rule now.
         sc.kube.delete(profile_path(sc.ns, "down"))
         wait_for(lambda: sc.kube.get(profile_path(sc.ns, "down")) is None, 30, "the profile deleted")
-        assert len(our_rules(sc)) == 4, "the rules outlived the controller (no finalizer, nothing else owns them)"
+        assert len(hold_rules(sc)) == 4, "the rules outlived the controller (no finalizer, nothing else owns them)"
         with controller_process(sc.cluster.kubeconfig, sc.ns, "rsv2", LOG_DIR / f"{sc.ns}-restart.log"):
-            wait_for(lambda: our_rules(sc) == [], 30, "the restarted controller to collect the gone profile's rules")
+            # 120 s: the controller's start (imports, informers, the lease) took 30 s on a loaded 2-core machine.
+            wait_for(lambda: our_rules(sc) == [], 120, "the restarted controller to collect the gone profile's rules")
+    finally:
+        sc.close()
+
+
+def deadline_pod(deadline: int, template: str) -> Obj:
+    """A pod using ``template`` as claim ``gpus`` that declares ``activeDeadlineSeconds``."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {},
+            "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": deadline,
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "main", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never",
+                                     "command": ["true"], "resources": {"claims": [{"name": "gpus"}]}}]}}
+
+
+def backfill_profile(sc: Scenario, name: str, max_runtime: str) -> None:
+    sc.kube.create(profile_path(sc.ns), {
+        "apiVersion": "topodra.io/v1alpha1", "kind": "ClaimProfile", "metadata": {"name": name},
+        "spec": {"alternatives": [{"deviceClassName": "gpu-h100", "count": 1}],
+                 "backfill": {"maxRuntime": max_runtime}}})
+    wait_for(lambda: sc.kube.get(template_path(sc.ns, name)), 60, f"the controller to render {name}'s template")
+
+
+def test_backfill_takes_held_devices_only_where_its_bound_fits_the_window(gang_cluster: ClusterHandle) -> None:  # noqa: F811
+    """A hold whose expected start is known (the pod it waits for declares a 3 h deadline) opens a 2h window on
+    its nodes: a backfill pod bounded by 1h lands on a held device; a pod without backfill and a backfill pod
+    bounded by 4h do not (the scheduler reports them Unschedulable, and again after a retry)."""
+    sc = Scenario(gang_cluster, [("n", "dgx-h100", NODES)], prefix="bf", labels=labels(n=("l1", "su1")))
+    try:
+        with controller_process(sc.cluster.kubeconfig, sc.ns, "bf", LOG_DIR / f"{sc.ns}.log"):
+            sc.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                       "metadata": {"name": "block-8"}, "spec": {"spec": {"devices": {"requests": [
+                           {"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.io", "count": 8}}]}}}})
+            sc.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                       "metadata": {"name": "plain-1"}, "spec": {"spec": {"devices": {"requests": [
+                           {"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.io", "count": 1}}]}}}})
+            nodes = sc.nodes()
+            # Two nodes full, each with one 8-GPU pod that "started" now and declares 3 h: the gang (4 x 8) must
+            # wait for one of them, so its expected start is known. No kubelet runs on simulated nodes: the
+            # test writes the pod's status.startTime as the kubelet would.
+            for i, node in enumerate(nodes[:2]):
+                sc.pod(f"block-{i}", "block-8", [node], base=deadline_pod(3 * 3600, "block-8"))
+                sc.wait_allocated(f"block-{i}")
+                sc.kube.merge_patch(f"/api/v1/namespaces/{sc.ns}/pods/block-{i}/status",
+                                    {"status": {"startTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}})
+            gang_profile(sc, "big", {"afterWaiting": "0s"})
+            gang = job_pods(sc, "big", nodes)
+
+            def windows() -> dict[str, str] | None:
+                held = sorted(r["spec"]["deviceSelector"]["pool"] for r in hold_rules(sc)
+                              if r["spec"]["taint"]["effect"] == "NoSchedule")
+                got = window_rules(sc)
+                return got if len(held) == 4 and sorted(got) == held else None
+            win: dict[str, str] = wait_for(windows, 60, "a hold with its backfill windows")
+            # 3 h to the expected start, less the margin (the controller's refresh interval and facts TTL): 2h.
+            assert set(win.values()) == {"2h"}, win
+            reserved = sorted(win)
+            free_held = [n for n in reserved if n not in nodes[:2]]
+            assert len(free_held) == 3 and unbound(sc, gang) == gang
+            status = ((sc.kube.get(profile_path(sc.ns, "big")) or {}).get("status") or {}).get("reservation") or {}
+            assert status.get("backfillWindow") == "2h" and "expectedStart" in status, status
+            for node in free_held:  # the scheduler's own view has the holds (an untolerated 1-GPU probe fails)
+                sc.wait_scheduler_sees_taints(node, 0)
+
+            backfill_profile(sc, "bf-1h", "1h")
+            backfill_profile(sc, "bf-4h", "4h")
+            # Nothing but held nodes has a free GPU: a pod without backfill has nowhere to go...
+            sc.pod("plain", "plain-1", nodes, base=deadline_pod(600, "plain-1"))
+            sc.wait_unschedulable("plain")
+            # ... a backfill pod bounded by 4h does not fit the 2h window ...
+            sc.pod("long", "bf-4h", nodes, base=deadline_pod(4 * 3600, "bf-4h"))
+            sc.wait_unschedulable("long")
+            # ... and one bounded by 1h lands on a held device.
+            sc.pod("short", "bf-1h", nodes, base=deadline_pod(3600, "bf-1h"))
+            node, results = sc.wait_allocated("short")
+            assert node in free_held and {r["pool"] for r in results} == {node}
+            claim = sc.claim_of("short") or {}
+            assert claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] == \
+                vocab.backfill_tolerations(3600)
+            # The two others are still refused after the scheduler tried them again (that allocation was an event).
+            for name in ("plain", "long"):
+                sc.wait_unschedulable(name)
+            assert unbound(sc, gang) == gang
     finally:
         sc.close()
 

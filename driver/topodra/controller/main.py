@@ -61,8 +61,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reservation-after", type=duration_arg, default=900, metavar="DURATION",
                         help="how long a job waits before it may reserve, when its profile does not say "
                              "(seconds or e.g. 15m; default 15m)")
-    parser.add_argument("--reservation-max-hold", type=duration_arg, default=7200, metavar="DURATION",
-                        help="how long a reservation holds at most, when its profile does not say (default 2h)")
+    parser.add_argument("--reservation-max-hold", type=duration_arg, default=86400, metavar="DURATION",
+                        help="how long a reservation holds at most, when its profile does not say (default 24h: "
+                             "a hold whose start is known ends at that start plus --reservation-grace anyway)")
+    parser.add_argument("--reservation-grace", type=duration_arg, default=900, metavar="DURATION",
+                        help="how long a hold lasts past its expected start before it is released (default 15m)")
+    parser.add_argument("--reservation-cooldown", type=duration_arg, default=1800, metavar="DURATION",
+                        help="after a hold ran out, how long the same wait waits before it may reserve again "
+                             "(default 30m)")
     parser.add_argument("--max-reservations", type=int, default=2,
                         help="reservations that hold at once, oldest eligible job first (default 2)")
     parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
@@ -150,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
                                            allow_unaligned=args.allow_unaligned_cpus),
                            reservations=args.reservations == "on", reservation_after_s=args.reservation_after,
                            reservation_max_hold_s=args.reservation_max_hold,
-                           max_reservations=args.max_reservations)
+                           max_reservations=args.max_reservations, reservation_grace_s=args.reservation_grace,
+                           reservation_cooldown_s=args.reservation_cooldown)
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
     except Exception as e:  # kubeconfig missing/invalid: say so, start nothing

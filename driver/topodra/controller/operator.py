@@ -87,8 +87,10 @@ class ControllerConfig:
     # ``reservation`` does not state.
     reservations: bool = True
     reservation_after_s: float = 900.0
-    reservation_max_hold_s: float = 7200.0
+    reservation_max_hold_s: float = 86400.0  # docs/multi-node.md: the measured drains take 8-12 h
     max_reservations: int = 2
+    reservation_grace_s: float = 900.0  # a hold with a known expected start ends this long after it
+    reservation_cooldown_s: float = 1800.0  # after an expired hold, before the same wait may reserve again
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from topodra.apipaths import PROFILE_GROUP as GROUP
 from topodra.apipaths import PROFILE_VERSION as VERSION
 from topodra.controller.gangspec import MAX_PODS, AcrossNodes
+from topodra.reservations import WINDOW_LADDER
 from topodra.selectors import parse_quantity
 
 
@@ -179,6 +180,30 @@ class Reservation(BaseModel):
         return None if self.max_hold is None else parse_duration(self.max_hold, "maxHold")
 
 
+class Backfill(BaseModel):
+    """This profile's claims may use devices held for another job, where they cannot delay it (issue 33).
+
+    ``maxRuntime`` is the runtime bound its pods declare as ``activeDeadlineSeconds`` (the kubelet plugin refuses
+    to prepare a backfill claim for a pod without such a deadline); the template tolerates every reservation,
+    but only where the backfill window is at least this bound (``reservations.backfill_tolerations``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    max_runtime: StrictInt | StrictStr = Field(alias="maxRuntime")
+
+    @model_validator(mode="after")
+    def _bound(self) -> Backfill:
+        secs = parse_duration(self.max_runtime, "backfill.maxRuntime")
+        if secs <= 0 or secs > WINDOW_LADDER[-1][1]:
+            raise ValueError(f"backfill.maxRuntime must be above 0s and at most {WINDOW_LADDER[-1][0]} "
+                             f"(the largest backfill window), got {self.max_runtime}")
+        return self
+
+    @property
+    def max_runtime_s(self) -> int:
+        return parse_duration(self.max_runtime, "maxRuntime")
+
+
 class ClaimProfileSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -194,6 +219,7 @@ class ClaimProfileSpec(BaseModel):
     across_nodes: AcrossNodes | None = Field(default=None, alias="acrossNodes")
     # Hold devices for a job that waited long enough (issue 33): multi-node or whole-server profiles only.
     reservation: Reservation | None = None
+    backfill: Backfill | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClaimProfileSpec:
@@ -203,6 +229,8 @@ class ClaimProfileSpec(BaseModel):
                 raise ValueError(f"reservation needs a multi-node job (pods) or a whole-server profile (count "
                                  f"{WHOLE_SERVER_GPUS} in every alternative, got {gpus}): a smaller job does "
                                  "not wait for a domain to drain, and holding devices for it would waste them")
+        if self.backfill is not None and self.reservation is not None and self.reservation.enabled:
+            raise ValueError("a profile either reserves (reservation) or backfills (backfill), not both")
         if self.reservation is not None and self.queueing == "Kueue":
             raise ValueError("reservation cannot be combined with queueing Kueue: Kueue admits the pods, "
                              "the controller cannot tell how long the job waited")

@@ -22,7 +22,12 @@ Shape of the result (see docs/user-guide.md for the reasoning):
 * ``reservation`` (on, and reservations on cluster-wide) -> every request and subrequest tolerates this
   profile's own reservation taint (``reservations.toleration(uid)``), from the start: claims are made from the
   template when a pod is created and are immutable, so the toleration must be there before any DeviceTaintRule
-  (controller/reserve.py) holds devices for the job; while none does, it changes nothing.
+  (controller/reserve.py) holds devices for the job; while none does, it changes nothing. They also tolerate
+  any backfill window (``reservations.window_toleration``): the held nodes carry one.
+* ``backfill`` (and reservations on cluster-wide) -> every request and subrequest tolerates every held
+  reservation, but only where the backfill window is a bucket >= ``maxRuntime``
+  (``reservations.backfill_tolerations``); the kubelet plugin refuses to prepare such a claim for a pod without
+  ``activeDeadlineSeconds`` <= ``maxRuntime`` (plugin/backfill.py).
 
 The template carries a hash of its spec so the controller can tell when the
 (immutable) template must be replaced.
@@ -149,20 +154,29 @@ def reserves(profile: ClaimProfile, reservations_on: bool = True) -> bool:
     return reservations_on and r is not None and r.enabled
 
 
-def with_tolerations(requests: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
-    """Each request (``exactly``) and each ``firstAvailable`` subrequest, tolerating the profile's reservation."""
-    if not uid:
-        raise ProfileError("reservation needs the profile's metadata.uid (its taint value)")
-    tol = reservations.toleration(uid)
+def tolerating(requests: list[dict[str, Any]], tols: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each request (``exactly``) and each ``firstAvailable`` subrequest with ``tols`` as its tolerations."""
     out: list[dict[str, Any]] = []
     for req in requests:
         req = dict(req)
         if "exactly" in req:
-            req["exactly"] = {**req["exactly"], "tolerations": [dict(tol)]}
+            req["exactly"] = {**req["exactly"], "tolerations": [dict(t) for t in tols]}
         if "firstAvailable" in req:
-            req["firstAvailable"] = [{**sub, "tolerations": [dict(tol)]} for sub in req["firstAvailable"]]
+            req["firstAvailable"] = [{**sub, "tolerations": [dict(t) for t in tols]} for sub in req["firstAvailable"]]
         out.append(req)
     return out
+
+
+def with_tolerations(requests: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
+    """Each request and subrequest tolerating the profile's reservation and any backfill window on its nodes."""
+    if not uid:
+        raise ProfileError("reservation needs the profile's metadata.uid (its taint value)")
+    return tolerating(requests, [reservations.toleration(uid), reservations.window_toleration()])
+
+
+def with_backfill(requests: list[dict[str, Any]], max_runtime_s: float) -> list[dict[str, Any]]:
+    """Each request and subrequest of a backfill profile: held devices whose window is >= its runtime bound."""
+    return tolerating(requests, reservations.backfill_tolerations(max_runtime_s))
 
 
 def claim_spec(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
@@ -177,6 +191,8 @@ def claim_spec(profile: ClaimProfile, *, driver: str = DEFAULT_DRIVER_NAME,
     requests, constraints = cpualign.apply(profile, requests, constraints, driver, cpu)
     if reserves(profile, reservations_on):
         requests = with_tolerations(requests, profile.metadata.uid)
+    elif profile.spec.backfill is not None and reservations_on:
+        requests = with_backfill(requests, profile.spec.backfill.max_runtime_s)
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
         devices["constraints"] = constraints

@@ -6,18 +6,25 @@ builds a ``Job`` per profile whose reservation is on (the nodes that could run i
 the job's class and the running pods holding the others), calls ``plan`` with ``now`` and writes the result as
 DeviceTaintRules (``topodra.reservations``) and ``status.reservation``.
 
-The rules, in order:
+The rules, in order (Slurm-like: the job's reservation sits at its earliest start):
 
 * waiting: pods of the job exist and are pending; waiting since the oldest pending pod's creationTimestamp.
-* eligible: waited at least ``after_s``, and no earlier hold of this same wait ran out (``expired``).
-* a hold is kept while the job waits and ``max_hold_s`` has not passed since it was made; it is released when
-  the job binds (no pending pod left), when its profile is gone (no Job: nothing is kept), or on ``max_hold_s``.
-  A kept hold whose nodes can no longer hold the job (a node gone) is dropped and planned again.
+* eligible: waited at least ``after_s``, and not cooling down: a hold of this same wait that ran out
+  (``expired_at``) makes the job wait ``cooldown_s`` before it may reserve again (the nodes it held go back to
+  everyone meanwhile, and the next hold is planned from the cluster as it is then).
+* a hold lasts while the job waits, until ``max_hold_s`` after it was made, and, when its expected start is
+  known, until ``grace_s`` after that start (the pods it waited for ended or were killed at their deadline, so
+  the job should have bound; something else keeps it, and holding longer only idles GPUs). It is released when
+  the job binds (no pending pod left), when its profile is gone (no Job: nothing is kept), or when one of those
+  times passes. A kept hold whose nodes can no longer hold the job (a node gone) is dropped and planned again.
+  The expected start a hold keeps is the earliest it was ever given (``Existing.expected_start``, recomputed
+  each pass): deadlines only move ends earlier.
 * at most ``max_reservations`` holds at once; existing holds first, then the oldest eligible jobs.
-* the domain (the job's fabric level; a whole-server job: each node is its own domain) that holds the job
-  soonest: fewest running pods to wait for, then the earliest expected start, then the most free GPUs on the
-  nodes it takes, then the name. Only the nodes the job needs inside that domain are reserved (the rest of the
-  domain stays usable: fewer GPUs held idle).
+* the domain (the job's fabric level; a whole-server job: each node is its own domain) where the job can start
+  soonest: the earliest expected start (unknown counts as never), then the fewest running pods to wait for, then
+  the most free GPUs on the nodes it takes, then the name. Inside a domain, the job's pods go on the slots that
+  free soonest (a node's k-th slot frees when the pods it waits for there end, in deadline order), so only the
+  nodes that drain soonest are reserved (the rest of the domain stays usable: fewer GPUs held idle).
 * expected start: when the last pod waited for ends, if every one of them declares ``activeDeadlineSeconds``
   (``startTime`` + deadline); ``now`` when none must end; else unknown (None).
 * one hint (effect None): the domain the oldest waiting job without a hold would get now.
@@ -69,6 +76,7 @@ class Existing:
     nodes: tuple[str, ...]
     domain: str
     since: float
+    expected_start: float | None = None  # the earliest expected start the hold was given (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -83,18 +91,25 @@ class Job:
     nodes: tuple[NodeState, ...]
     capacity: Capacity = field(compare=False)
     existing: Existing | None = None
-    expired: bool = False  # a hold of this wait already ran out (status.reservation Expired, same waitingSince)
+    expired_at: float | None = None  # when a hold of this wait ran out (status.reservation Expired, same wait)
+    cooldown_s: float = 1800.0  # after an expired hold, how long the job waits before it may reserve again
+    grace_s: float = 900.0  # a hold with a known expected start ends this long after it
 
     def __post_init__(self) -> None:
         if not self.uid:
             raise ValueError(f"job {self.namespace}/{self.name}: a reservation needs the profile's uid")
-        if self.pods < 0 or self.after_s < 0 or self.max_hold_s <= 0:
-            raise ValueError(f"job {self.namespace}/{self.name}: pods and afterWaiting must not be negative "
-                             f"and maxHold must be positive (got {self.pods}, {self.after_s}, {self.max_hold_s})")
+        if self.pods < 0 or self.after_s < 0 or self.max_hold_s <= 0 or self.cooldown_s < 0 or self.grace_s < 0:
+            raise ValueError(f"job {self.namespace}/{self.name}: pods, afterWaiting, cool-down and grace must not be "
+                             f"negative and maxHold must be positive (got {self.pods}, {self.after_s}, "
+                             f"{self.cooldown_s}, {self.grace_s}, {self.max_hold_s})")
 
     @property
     def waiting(self) -> bool:
         return self.waiting_since is not None and self.pods > 0
+
+    def cooling(self, now: float) -> bool:
+        """Whether an expired hold of this wait is too recent for a new one."""
+        return self.expired_at is not None and now - self.expired_at < self.cooldown_s
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,7 @@ class Reservation:
 @dataclass(frozen=True)
 class Plan:
     reservations: tuple[Reservation, ...]
-    expired: tuple[Job, ...]  # holds released this pass because max_hold_s passed
+    expired: tuple[Job, ...]  # holds released this pass because max_hold_s or expected start + grace passed
     notes: dict[str, str]  # uid -> why the job holds nothing (shown in its status)
 
     def of(self, uid: str) -> Reservation | None:
@@ -133,7 +148,7 @@ def _slots(node: NodeState, capacity: Capacity) -> list[tuple[int, float, int, t
     """(pods waited for, when they end (inf: unknown), k, their names) of the k-th job pod this node can take.
 
     Running pods are waited for in the order they end: declared deadlines first, earliest first, then the
-    undeclared ones holding the most devices."""
+    undeclared ones holding the most devices. A slot's end is -inf when it is free now."""
     order = sorted(node.running, key=lambda p: (p.end is None, p.end or 0.0, -len(p.devices), p.name))
     out: list[tuple[int, float, int, tuple[str, ...]]] = []
     devices = list(node.free)
@@ -153,11 +168,14 @@ def _slots(node: NodeState, capacity: Capacity) -> list[tuple[int, float, int, t
 
 
 def place_in(domain: str, nodes: Sequence[NodeState], pods: int, capacity: Capacity, now: float) -> Place | None:
-    """The nodes of one domain that take ``pods`` job pods soonest, or None when the domain cannot hold them."""
+    """The nodes of one domain that take ``pods`` job pods soonest, or None when the domain cannot hold them.
+
+    Slots are taken in the order they free (end first; among unknown ends, fewest pods to wait for), so the job's
+    N-th pod starts as early as the domain allows and only the nodes that drain soonest are reserved."""
     slots = [(w, end, node.name, k, names) for node in nodes for (w, end, k, names) in _slots(node, capacity)]
     if len(slots) < pods:
         return None
-    slots.sort(key=lambda s: (s[0], s[1], s[2], s[3]))
+    slots.sort(key=lambda s: (s[1], s[0], s[2], s[3]))
     taken = slots[:pods]
     per_node: dict[str, tuple[str, ...]] = {}
     ends: list[float] = []
@@ -174,8 +192,20 @@ def place_in(domain: str, nodes: Sequence[NodeState], pods: int, capacity: Capac
     return Place(domain, chosen, waits, expected, free)
 
 
-def _rank(p: Place) -> tuple[int, float, int, str]:
-    return (len(p.waits), p.expected_start if p.expected_start is not None else math.inf, -p.gpus_free, p.domain)
+def _rank(p: Place) -> tuple[float, int, int, str]:
+    """Earliest expected start (unknown: never), then fewest pods to wait for, most free GPUs, name."""
+    return (p.expected_start if p.expected_start is not None else math.inf, len(p.waits), -p.gpus_free, p.domain)
+
+
+def hold_ends(ex: Existing, expected_start: float | None, max_hold_s: float, grace_s: float) -> float:
+    """When a hold made at ``ex.since`` runs out: maxHold after it, or ``grace_s`` after its expected start."""
+    end = ex.since + max_hold_s
+    return end if expected_start is None else min(end, expected_start + grace_s)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    known = [t for t in (a, b) if t is not None]
+    return min(known) if known else None
 
 
 def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset()) -> Place | None:
@@ -204,18 +234,22 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
         ex = job.existing
         if ex is None or ex.state != HELD or not job.waiting or job.waiting_since is None:
             continue
-        if now - ex.since >= job.max_hold_s:
+        mine = [n for n in job.nodes if n.name in ex.nodes]
+        place = place_in(ex.domain, mine, job.pods, job.capacity, now)
+        start = _earliest(ex.expected_start, place.expected_start if place is not None else None)
+        if now >= hold_ends(ex, start, job.max_hold_s, job.grace_s):
             expired.append(job)
-            notes[job.uid] = f"released after holding {int(now - ex.since)}s (maxHold {int(job.max_hold_s)}s)"
+            capped = start is None or ex.since + job.max_hold_s <= start + job.grace_s
+            why = f"maxHold {int(job.max_hold_s)}s" if capped else f"{int(job.grace_s)}s past its expected start"
+            notes[job.uid] = f"released after holding {int(now - ex.since)}s ({why})"
             continue
         if len(kept) >= max_reservations:
             notes[job.uid] = f"released: at most {max_reservations} reservation(s) hold at once"
             continue
-        mine = [n for n in job.nodes if n.name in ex.nodes]
-        place = place_in(ex.domain, mine, job.pods, job.capacity, now)
         if place is None:
             notes[job.uid] = "released: the reserved nodes can no longer hold the job; planning again"
             continue
+        place = Place(place.domain, place.nodes, place.waits, start, place.gpus_free)
         kept.append(Reservation(job.namespace, job.name, job.uid, HELD, place, ex.since, job.waiting_since))
     held_nodes = {n for r in kept for n in r.place.nodes}
     gone = {j.uid for j in expired}
@@ -223,9 +257,12 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
     for job in oldest:
         if not job.waiting or job.waiting_since is None or any(r.uid == job.uid for r in kept):
             continue
-        if job.uid in gone or job.expired:
-            notes.setdefault(job.uid, "its reservation ran out (maxHold); not reserved again until the job stops "
-                                      "waiting")
+        if job.uid in gone:
+            continue
+        if job.cooling(now):
+            assert job.expired_at is not None
+            left = int(job.expired_at + job.cooldown_s - now)
+            notes[job.uid] = f"its reservation ran out; may reserve again in {left}s (cool-down {int(job.cooldown_s)}s)"
             continue
         waited = now - job.waiting_since
         if waited < job.after_s:
@@ -243,7 +280,8 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
     holding = {r.uid for r in (*kept, *made)}
     hint: list[Reservation] = []
     for job in oldest:
-        if not job.waiting or job.waiting_since is None or job.uid in holding or job.expired or job.uid in gone:
+        if (not job.waiting or job.waiting_since is None or job.uid in holding or job.cooling(now)
+                or job.uid in gone):
             continue
         place = choose_place(job, now, frozenset(held_nodes))
         if place is None:

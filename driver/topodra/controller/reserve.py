@@ -16,6 +16,14 @@ with effect NoSchedule (held) or None (hint). Rules no plan asks for are deleted
 elsewhere reservation, a profile whose reservation was turned off, and a rule whose profile is gone (a restart
 or a missed delete leaves nothing behind: every rule names its profile's uid, and only profiles listed now count).
 
+Backfill windows (``topodra.reservations``): every held node also gets a rule with taint
+``topodra.io/backfill-window=<bucket>`` (NoSchedule), the largest bucket that ends before the hold's expected
+start less a margin covering how late a pass can be (``window_margin_s``: the refresh interval plus the facts'
+TTL), or ``closed``. The bucket is in the rule's name, so a new value is a new rule, created before the old one
+goes: while both exist a backfill claim must tolerate both (the stricter one). Order of the writes
+(``apply_order``): window rules are created first and deleted last, holds in between, so a held device never
+lacks its window taint (a backfill claim tolerates every hold, only its window keeps it off the wrong nodes).
+
 The taint matters only to claims without a toleration: the reserving profile's template tolerates it from the
 start (``render.with_tolerations``), so rules, PodGroup and template never disagree beyond one pass.
 DeviceTaintRule and the tolerations: k8s.io/api v0.37.2 resource/v1/types.go (DeviceTaintRule, DeviceToleration,
@@ -59,7 +67,9 @@ Obj = dict[str, Any]
 
 RULE_API = "resource.k8s.io/v1"
 DOMAIN_ANNOTATION = "topodra.io/reservation-domain"
+EXPECTED_ANNOTATION = "topodra.io/reservation-expected-start"  # on a hold rule: the start it was made with
 PREFIX = {HELD: "topodra-hold-", HINT: "topodra-hint-"}
+WINDOW_PREFIX = "topodra-backfill-"
 OURS = f"{vocab.MANAGED_LABEL}={vocab.MANAGED_VALUE},{vocab.UID_LABEL}"
 UNKNOWN_HOLDER = "(a claim of no running pod)"
 WAITING = "Waiting"  # status only: the job waits and holds nothing (the message says why)
@@ -93,16 +103,26 @@ def rule_name(state: str, uid: str, node: str) -> str:
     return name
 
 
+def window_rule_name(uid: str, node: str, value: str) -> str:
+    name = f"{WINDOW_PREFIX}{uid}.{node}.{value}"
+    if len(name) > 253:
+        name = f"{WINDOW_PREFIX}{uid}.{hashlib.sha256(node.encode()).hexdigest()[:20]}.{value}"
+    return name
+
+
+def _labels(r: Reservation) -> dict[str, str]:
+    return {vocab.MANAGED_LABEL: vocab.MANAGED_VALUE, vocab.PROFILE_NS_LABEL: _label_value(r.namespace),
+            vocab.PROFILE_NAME_LABEL: _label_value(r.name), vocab.UID_LABEL: r.uid}
+
+
 def render_rule(r: Reservation, node: str, driver: str) -> Obj:
     """The DeviceTaintRule that holds (or hints) every device of ``driver`` on ``node`` for ``r``'s profile."""
+    annotations = {DOMAIN_ANNOTATION: r.place.domain}
+    if r.state == HELD and r.place.expected_start is not None:
+        annotations[EXPECTED_ANNOTATION] = stamp(r.place.expected_start)
     return {
         "apiVersion": RULE_API, "kind": "DeviceTaintRule",
-        "metadata": {
-            "name": rule_name(r.state, r.uid, node),
-            "labels": {vocab.MANAGED_LABEL: vocab.MANAGED_VALUE, vocab.PROFILE_NS_LABEL: _label_value(r.namespace),
-                       vocab.PROFILE_NAME_LABEL: _label_value(r.name), vocab.UID_LABEL: r.uid},
-            "annotations": {DOMAIN_ANNOTATION: r.place.domain},
-        },
+        "metadata": {"name": rule_name(r.state, r.uid, node), "labels": _labels(r), "annotations": annotations},
         "spec": {
             "deviceSelector": {"driver": driver, "pool": node},
             "taint": {"key": vocab.RESERVATION_TAINT_KEY, "value": r.uid,
@@ -111,9 +131,49 @@ def render_rule(r: Reservation, node: str, driver: str) -> Obj:
     }
 
 
-def wanted_rules(p: Plan, driver: str) -> dict[str, Obj]:
-    return {(rule := render_rule(r, node, driver))["metadata"]["name"]: rule
-            for r in p.reservations for node in r.place.nodes}
+def render_window_rule(r: Reservation, node: str, driver: str, value: str) -> Obj:
+    """The backfill window of a held node: which runtime bounds may use its held devices (module docstring)."""
+    return {
+        "apiVersion": RULE_API, "kind": "DeviceTaintRule",
+        "metadata": {"name": window_rule_name(r.uid, node, value), "labels": _labels(r),
+                     "annotations": {DOMAIN_ANNOTATION: r.place.domain}},
+        "spec": {"deviceSelector": {"driver": driver, "pool": node},
+                 "taint": {"key": vocab.BACKFILL_WINDOW_KEY, "value": value, "effect": vocab.HOLD_EFFECT}},
+    }
+
+
+def wanted_rules(p: Plan, driver: str, now: float, window_margin_s: float) -> dict[str, Obj]:
+    """Every rule the plan asks for: per reserved node its hold (or hint), and per held node its backfill window
+    (``reservations.window`` of the hold's expected start at ``now`` less ``window_margin_s``)."""
+    out: dict[str, Obj] = {}
+    for r in p.reservations:
+        value = vocab.window(r.place.expected_start, now, window_margin_s)
+        for node in r.place.nodes:
+            rule = render_rule(r, node, driver)
+            out[rule["metadata"]["name"]] = rule
+            if r.state == HELD:
+                w = render_window_rule(r, node, driver, value)
+                out[w["metadata"]["name"]] = w
+    return out
+
+
+def is_window(rule: Obj) -> bool:
+    return ((rule.get("spec") or {}).get("taint") or {}).get("key") == vocab.BACKFILL_WINDOW_KEY
+
+
+def deletion_order(rules: Iterable[Obj]) -> list[Obj]:
+    """Rules to delete, holds before backfill windows (a held device never lacks its window taint)."""
+    return sorted(rules, key=lambda r: (is_window(r), str((r.get("metadata") or {}).get("name", ""))))
+
+
+def apply_order(have: Mapping[str, Obj], want: Mapping[str, Obj]) -> list[tuple[str, Obj]]:
+    """``rule_changes`` as ("create" | "delete", rule) in a safe order: windows created, holds and hints deleted,
+    holds and hints created, windows deleted. A held device so always has a window taint, and a changed window
+    value is the new (stricter or not) rule first, the old one after."""
+    delete, create = rule_changes(have, want)
+    gone = [have[n] for n in delete]
+    return ([("create", r) for r in create if is_window(r)] + [("delete", r) for r in gone if not is_window(r)]
+            + [("create", r) for r in create if not is_window(r)] + [("delete", r) for r in gone if is_window(r)])
 
 
 def same_rule(have: Obj, want: Obj) -> bool:
@@ -148,7 +208,7 @@ def existing_reservations(rules: Iterable[Obj], now: float) -> dict[str, Existin
     creationTimestamp (the API server always writes one) counts from ``now``."""
     by_uid: dict[str, list[Obj]] = defaultdict(list)
     for r in rules:
-        if ours(r):
+        if ours(r) and not is_window(r):
             by_uid[rule_uid(r)].append(r)
     out: dict[str, Existing] = {}
     for uid, rs in by_uid.items():
@@ -157,12 +217,16 @@ def existing_reservations(rules: Iterable[Obj], now: float) -> dict[str, Existin
         nodes = tuple(sorted(str(((r.get("spec") or {}).get("deviceSelector") or {}).get("pool", "")) for r in use))
         since = min((t for r in use if (t := parse_time((r.get("metadata") or {}).get("creationTimestamp")))
                      is not None), default=now)
-        domain = str(((use[0].get("metadata") or {}).get("annotations") or {}).get(DOMAIN_ANNOTATION, ""))
-        out[uid] = Existing(HELD if held else HINT, nodes, domain, since)
+        notes = (use[0].get("metadata") or {}).get("annotations") or {}
+        domain = str(notes.get(DOMAIN_ANNOTATION, ""))
+        starts = [t for r in held if (t := parse_time(((r.get("metadata") or {}).get("annotations") or {})
+                                                       .get(EXPECTED_ANNOTATION))) is not None]
+        out[uid] = Existing(HELD if held else HINT, nodes, domain, since, min(starts, default=None))
     return out
 
 
-def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: bool, level: str) -> Obj | None:
+def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: bool, level: str,
+                       now: float, window_margin_s: float) -> Obj | None:
     """``status.reservation`` of one profile (None: nothing held, hinted or expired)."""
     if r is not None:
         out: Obj = {"state": r.state, "domain": r.place.domain, "level": level, "nodes": list(r.place.nodes),
@@ -173,9 +237,12 @@ def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: 
                                 if r.state == HELD else f"would reserve {level} {r.place.domain} next")}
         if r.place.expected_start is not None:
             out["expectedStart"] = stamp(r.place.expected_start)
+        if r.state == HELD:
+            out["backfillWindow"] = vocab.window(r.place.expected_start, now, window_margin_s)
         return out
-    if (expired_now or job.expired) and job.waiting_since is not None:
-        return {"state": EXPIRED, "waitingSince": stamp(job.waiting_since), "message": note}
+    if (expired_now or job.cooling(now)) and job.waiting_since is not None:
+        at = now if expired_now or job.expired_at is None else job.expired_at
+        return {"state": EXPIRED, "waitingSince": stamp(job.waiting_since), "expiredAt": stamp(at), "message": note}
     if job.waiting and job.waiting_since is not None and note:
         return {"state": WAITING, "waitingSince": stamp(job.waiting_since), "message": note}
     return None
@@ -287,6 +354,7 @@ def job_of(kube: Kube, body: Obj, profile: ClaimProfile, snap: Snapshot, cfg: An
     assert r is not None
     after = r.after_waiting_s if r.after_waiting_s is not None else cfg.reservation_after_s
     hold = r.max_hold_s if r.max_hold_s is not None else cfg.reservation_max_hold_s
+    grace = cfg.reservation_grace_s
     ns, name = profile.metadata.namespace, profile.metadata.name
     if spec.pods is not None:
         gp = gang.plan(kube, profile, snap, driver=cfg.driver, nic_class=cfg.nic_class)
@@ -302,10 +370,13 @@ def job_of(kube: Kube, body: Obj, profile: ClaimProfile, snap: Snapshot, cfg: An
     since = min((t for p in pending if (t := parse_time((p.get("metadata") or {}).get("creationTimestamp")))
                  is not None), default=None)
     old = ((body.get("status") or {}).get("reservation") or {})
-    expired = (old.get("state") == EXPIRED and since is not None and old.get("waitingSince") == stamp(since))
+    expired_at = None
+    if old.get("state") == EXPIRED and since is not None and old.get("waitingSince") == stamp(since):
+        expired_at = parse_time(old.get("expiredAt")) or parse_time(old.get("waitingSince"))
     nodes = node_states(profile, alternative, key, whole, snap, cfg.driver, holders)
     job = Job(ns, name, profile.metadata.uid, max(needed, 0), since if needed > 0 else None, float(after),
-              float(hold), nodes, _capacity(profile, alternative, cfg.driver), existing, expired)
+              float(hold), nodes, _capacity(profile, alternative, cfg.driver), existing, expired_at,
+              float(cfg.reservation_cooldown_s), float(grace))
     return job, level
 
 
@@ -318,8 +389,9 @@ def list_rules(kube: Kube) -> list[Obj]:
 def delete_rules_of(kube: Kube, uid: str) -> int:
     """Delete every rule naming this profile uid (its deletion, or its reservation turned off); how many."""
     gone = 0
-    for r in kube.list(device_taint_rule_path(), label_selector=f"{vocab.MANAGED_LABEL}={vocab.MANAGED_VALUE},"
-                                                                f"{vocab.UID_LABEL}={uid}"):
+    for r in deletion_order(kube.list(device_taint_rule_path(),
+                                      label_selector=f"{vocab.MANAGED_LABEL}={vocab.MANAGED_VALUE},"
+                                                     f"{vocab.UID_LABEL}={uid}")):
         kube.delete(device_taint_rule_path(r["metadata"]["name"]))
         gone += 1
     if gone:
@@ -362,12 +434,12 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
     live = {p.metadata.uid for _b, p in parsed}
     reserving = [(b, p) for b, p in parsed if reserves(p, cfg.reservations)]
     if not reserving:
-        for r in rules:
+        for r in deletion_order(rules):
             kube.delete(device_taint_rule_path(r["metadata"]["name"]))
         return None
     if isinstance(snap, str):
         keep = {p.metadata.uid for _b, p in reserving}
-        for r in rules:
+        for r in deletion_order(rules):
             uid = rule_uid(r)
             ex = existing.get(uid)
             hold = next((p.spec.reservation for _b, p in reserving if p.metadata.uid == uid), None)
@@ -390,14 +462,16 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
         jobs.append(job)
         levels[job.uid], bodies[job.uid] = level, body
     result = plan(jobs, now, cfg.max_reservations)
-    want = wanted_rules(result, cfg.driver)
+    margin = window_margin_s(cfg)
+    want = wanted_rules(result, cfg.driver, now, margin)
     have = {r["metadata"]["name"]: r for r in rules}
-    delete, create = rule_changes(have, want)
-    for name in delete:
-        kube.delete(device_taint_rule_path(name))
-        if rule_uid(have[name]) not in live:
-            log.info("reservations: deleted DeviceTaintRule %s of a profile that no longer exists", name)
-    for r in create:
+    for op, r in apply_order(have, want):
+        name = r["metadata"]["name"]
+        if op == "delete":
+            kube.delete(device_taint_rule_path(name))
+            if rule_uid(r) not in live:
+                log.info("reservations: deleted DeviceTaintRule %s of a profile that no longer exists", name)
+            continue
         try:
             kube.create(device_taint_rule_path(), r)
         except KubeError as e:
@@ -407,12 +481,18 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
     for job in jobs:
         body = bodies[job.uid]
         res = result.of(job.uid)
-        new = reservation_status(res, job, result.notes.get(job.uid, ""), job.uid in expired_now, levels[job.uid])
+        new = reservation_status(res, job, result.notes.get(job.uid, ""), job.uid in expired_now, levels[job.uid],
+                                 now, margin)
         old = (body.get("status") or {}).get("reservation")
         _events(kube, post, body, job, res, old, result.notes.get(job.uid, ""), job.uid in expired_now)
         if _differs(old, new):
             kube.merge_patch(profile_path(job.namespace, job.name) + "/status", {"status": {"reservation": new}})
     return result
+
+
+def window_margin_s(cfg: Any) -> float:
+    """How late a backfill window can be rewritten: one refresh interval, plus the facts' TTL."""
+    return float(cfg.refresh_interval_s) + float(cfg.snapshot_ttl_s)
 
 
 def _differs(old: Obj | None, new: Obj | None) -> bool:

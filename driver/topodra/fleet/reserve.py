@@ -13,6 +13,10 @@ For one pod, over the nodes that have reservation marks (``ClusterState.reservat
 * ``foreign``: nodes with hinted devices of a uid the pod does not own that are free for it (held devices of a
   foreign uid are unavailable to it already, ``ClusterState.tolerated_unavailable``).
 
+A backfill claim (``reservations.backfill_tolerations``) tolerates every reservation (``Exists``): it owns the
+held nodes whose devices are free for it (its window fits there; steering it onto held idle GPUs is backfill),
+but a hint is never its own: hinted nodes stay ``foreign`` for it, so small jobs keep out of the next domain.
+
 ``placement.score.steered`` turns these into the score's steering term; ``fleet.domains.choose`` into the gang's
 domain preference.
 """
@@ -49,6 +53,7 @@ def steering(marks: Mapping[str, tuple[Mark, ...]], tolerance: Tolerance,
     """``owned`` and ``foreign`` nodes for a pod with ``tolerance``; ``unavailable(node)``: the node's devices
     the pod cannot take (None: the node publishes none)."""
     owned, foreign = set(), set()
+    universal = owns("", tolerance)  # no reservation has an empty uid: this tolerance owns every one
     for node, ms in marks.items():
         used = unavailable(node)
         if used is None:
@@ -56,7 +61,9 @@ def steering(marks: Mapping[str, tuple[Mark, ...]], tolerance: Tolerance,
         for m in ms:
             if not (m.devices - used):
                 continue  # nothing of it is free for this pod
-            if owns(m.uid, tolerance):
+            if m.effect == HINT_EFFECT and universal:
+                foreign.add(node)
+            elif owns(m.uid, tolerance):
                 owned.add(node)
             elif m.effect == HINT_EFFECT:
                 foreign.add(node)

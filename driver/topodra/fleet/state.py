@@ -223,10 +223,16 @@ class ClusterState:
         self._slices_by_node: dict[str, set[str]] = {}
         self._pool_node: dict[str, str] = {}
         self._used_by_node: dict[str, frozenset[int]] = {}
+        # ``unavailable_for`` per node and tolerance (backfill pods share a few tolerances: one per window bucket),
+        # dropped with the node's ``_used_by_node`` entry.
+        self._tolerated_by_node: dict[str, dict[Tolerance, frozenset[int]]] = {}
         # Derived from slices and rules only (never claims): blocking taint -> nodes where some device may carry
         # it, and each node's reservation marks. Dropped whenever a slice, a class or a rule changes.
         self._taint_nodes: dict[Taint, set[str]] | None = None
         self._marks: dict[str, tuple[Mark, ...]] | None = None
+        # Blocking rules by the pool their selector names ("" for none: any pool), so a device asks only the
+        # rules that can select it (a reservation names one pool per rule: O(rules of its node), not O(rules)).
+        self._blocking_by_pool: dict[str, list[Obj]] | None = None
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
         self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
@@ -262,8 +268,16 @@ class ClusterState:
 
     def _forget_used(self) -> None:
         """Every node's unavailable set may have changed (a taint rule, a relist of claims)."""
-        self._used_by_node.clear()
+        self._drop_all_used()
         self._touch_all()
+
+    def _drop_used(self, node: str) -> None:
+        self._used_by_node.pop(node, None)
+        self._tolerated_by_node.pop(node, None)
+
+    def _drop_all_used(self) -> None:
+        self._used_by_node.clear()
+        self._tolerated_by_node.clear()
 
     def _forget_rules(self) -> None:
         self._forget_used()
@@ -294,37 +308,57 @@ class ClusterState:
 
     def _forget_view(self, node: str) -> None:
         self._views.pop(node, None)
-        self._used_by_node.pop(node, None)
+        self._drop_used(node)
         self._touch(node)
 
     def _forget_views(self) -> None:
         self._views.clear()
-        self._used_by_node.clear()
+        self._drop_all_used()
         self._forget_taint_index()
         self._touch_all()
 
     def _forget_taint_index(self) -> None:
         self._taint_nodes = None
         self._marks = None
+        self._blocking_by_pool = None
 
     def _claim_touched(self, info: ClaimInfo) -> None:
         for pool, _dev in info.allocated:
             node = self._pool_node.get(pool)
             if node is not None:
-                self._used_by_node.pop(node, None)
+                self._drop_used(node)
                 self._touch(node)
 
     def set_taint_rule(self, obj: Obj) -> None:
         """A DeviceTaintRule (any driver's: its selector decides); one without an effect taints nothing."""
         name = _key(obj)[1]
-        self.taint_rules.pop(name, None)
+        old = self.taint_rules.pop(name, None)
         if rule_taint(obj) is not None:
             self.taint_rules[name] = obj
-        self._forget_rules()  # a rule may select devices on any node
+        self._rule_changed(old, obj)
 
     def delete_taint_rule(self, name: str) -> None:
-        if self.taint_rules.pop(name, None) is not None:
-            self._forget_rules()
+        old = self.taint_rules.pop(name, None)
+        if old is not None:
+            self._rule_changed(old, None)
+
+    def _rule_changed(self, old: Obj | None, new: Obj | None) -> None:
+        """Forget what a rule change may have changed: a rule naming a pool (a reservation's: one node) changes
+        only that node's unavailable devices; one without a pool may select devices on any node. Reservation
+        rules come and go every pass (holds, hints, backfill windows): dropping every node's table for each was
+        the scorer's cost with reservations (docs/placement.md)."""
+        nodes: set[str] = set()
+        for r in (old, new):
+            if r is None:
+                continue
+            if not ((r.get("spec") or {}).get("deviceSelector") or {}).get("pool"):
+                self._forget_rules()
+                return
+            nodes.update(self._rule_nodes(r))
+        self._forget_taint_index()
+        for node in nodes:
+            self._drop_used(node)
+            self._touch(node)
 
     def set_class(self, obj: Obj) -> None:
         self.classes[_key(obj)[1]] = class_matcher(obj)
@@ -555,9 +589,20 @@ class ClusterState:
             self._used_by_node[view.name] = got
         return got
 
+    def _blocking_rules(self) -> dict[str, list[Obj]]:
+        if self._blocking_by_pool is None:
+            out: dict[str, list[Obj]] = {}
+            for r in self.taint_rules.values():
+                if (rule_taint(r) or {}).get("effect") in BLOCKING_EFFECTS:
+                    pool = str(((r.get("spec") or {}).get("deviceSelector") or {}).get("pool") or "")
+                    out.setdefault(pool, []).append(r)
+            self._blocking_by_pool = out
+        return self._blocking_by_pool
+
     def _ruled_out(self, key: DeviceKey) -> bool:
-        return any(rule_matches(r, self.driver, key[0], key[1]) for r in self.taint_rules.values()
-                   if (rule_taint(r) or {}).get("effect") in BLOCKING_EFFECTS)
+        by_pool = self._blocking_rules()
+        return any(rule_matches(r, self.driver, key[0], key[1])
+                   for r in (*by_pool.get(key[0], ()), *by_pool.get("", ())))
 
     # ----- tolerations and reservations (issue 33)
 
@@ -591,14 +636,22 @@ class ClusterState:
     def unavailable_for(self, view: NodeView, tolerance: Tolerance) -> frozenset[int]:
         """``unavailable_indices`` as a pod with these tolerations meets it: held by an allocated claim, or
         carrying a blocking taint that not every alternative of the pod tolerates (``fleet.taints.tolerated``).
-        Equal to ``unavailable_indices`` for an empty tolerance. Not cached (only a few nodes differ)."""
+        Equal to ``unavailable_indices`` for an empty tolerance. Cached per node and tolerance until a claim
+        there, the node's slices or a rule that may select its devices change (as ``unavailable_indices``)."""
+        mine = self._tolerated_by_node.setdefault(view.name, {})
+        got = mine.get(tolerance)
+        if got is None:
+            got = mine[tolerance] = self._unavailable_for(view, tolerance)
+        return got
+
+    def _unavailable_for(self, view: NodeView, tolerance: Tolerance) -> frozenset[int]:
         used = self.used
         pools = {d.key[0] for d in view.devices}
+        by_pool = self._blocking_rules()
         rules = []
-        for r in self.taint_rules.values():
+        for r in [r for pool in (*sorted(pools), "") for r in by_pool.get(pool, ())]:
             t = rule_taint(r)
-            pool = ((r.get("spec") or {}).get("deviceSelector") or {}).get("pool")
-            if t is not None and t.get("effect") in BLOCKING_EFFECTS and (not pool or pool in pools):
+            if t is not None:
                 rules.append((taint_tuple(t), r))
         out = []
         for i, d in enumerate(view.devices):

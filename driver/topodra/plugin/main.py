@@ -117,7 +117,7 @@ class Plugin:
     def start(self) -> None:
         cfg = self.cfg
         # Imported here so that config errors are reported before the heavy imports.
-        from topodra.apipaths import claim_path, slices_path
+        from topodra.apipaths import claim_path, pod_path, slices_path
         from topodra.health.monitor import HealthMonitor
         from topodra.health.sources import NodeHealthSource
         from topodra.inventory import Inventory
@@ -177,9 +177,12 @@ class Plugin:
             def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
                 return get(claim_path(namespace, name))
 
+            def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
+                return kube.get(pod_path(namespace, name))  # only for backfill claims (plugin/server.py)
+
             server = PluginServer(driver_name=cfg.driver_name, node_name=cfg.node_name, state=state,
                                   claim_getter=get_claim, board=board, plugin_dir=cfg.plugin_dir,
-                                  registry_dir=cfg.registry_dir, pod_uid=cfg.pod_uid)
+                                  registry_dir=cfg.registry_dir, pod_uid=cfg.pod_uid, pod_getter=get_pod)
             server.start()
             stack.callback(server.stop, STOP_GRACE_SECONDS)
             self.server = server

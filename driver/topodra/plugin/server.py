@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from topodra import reservations
 from topodra.claims import (
     SHOWN_CHARS,
     ClaimError,
@@ -132,8 +133,9 @@ class ClaimFetcher:
     """Reads and checks the claims of one call concurrently, before the state takes its lock."""
 
     def __init__(self, getter: ClaimGetter, driver_name: str, node_name: str,
-                 max_workers: int = CLAIM_READERS) -> None:
+                 max_workers: int = CLAIM_READERS, pod_getter: ClaimGetter | None = None) -> None:
         self._getter = getter
+        self._pod_getter = pod_getter
         self._driver_name = driver_name
         self._node_name = node_name
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="claim-get")
@@ -150,9 +152,27 @@ class ClaimFetcher:
         except Exception as e:
             return UnavailableClaim(ref, f"claim {ref}: cannot read the ResourceClaim: {e}")
         try:
-            return allocated_claim(ref, obj, self._driver_name, pool_name=self._node_name, node_name=self._node_name)
+            claim = allocated_claim(ref, obj, self._driver_name, pool_name=self._node_name, node_name=self._node_name)
         except ClaimError as e:
             return UnavailableClaim(ref, str(e))
+        refusal = self._backfill_refusal(ref, obj or {})
+        return claim if refusal is None else UnavailableClaim(ref, refusal)
+
+    def _backfill_refusal(self, ref: ClaimRef, obj: dict[str, Any]) -> str | None:
+        """A backfill claim (``reservations.claim_backfill_bound``) is prepared only for pods whose
+        ``activeDeadlineSeconds`` fits its bound: what keeps a backfilled pod from running into the reservation
+        it borrowed from (docs/multi-node.md). Other claims cost nothing here (no pod is read)."""
+        if reservations.claim_backfill_bound(obj) is None:
+            return None
+        if self._pod_getter is None:
+            return f"claim {ref} is a backfill claim, and this plugin cannot read pods to check its deadline"
+        pods: list[dict[str, Any] | None] = []
+        for name in reservations.reserved_pods(obj):
+            try:
+                pods.append(self._pod_getter(ref.namespace, name))
+            except Exception as e:
+                return f"claim {ref} is a backfill claim, and its pod {name} cannot be read: {e}"
+        return reservations.backfill_refusal(obj, pods)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -330,11 +350,11 @@ class PluginServer:
 
     def __init__(self, *, driver_name: str, node_name: str, state: DeviceStateLike, claim_getter: ClaimGetter,
                  board: DeviceHealthBoard, plugin_dir: Path, registry_dir: Path, pod_uid: str | None = None,
-                 serve_health: bool = True) -> None:
+                 serve_health: bool = True, pod_getter: ClaimGetter | None = None) -> None:
         self.dra_socket = dra_socket_path(plugin_dir, pod_uid)
         self.registration_socket = registration_socket_path(registry_dir, driver_name, pod_uid)
         self.board = board
-        self.fetcher = ClaimFetcher(claim_getter, driver_name, node_name)
+        self.fetcher = ClaimFetcher(claim_getter, driver_name, node_name, pod_getter=pod_getter)
         self._dra = UnixSocketServer(self.dra_socket, "dra", DRA_WORKERS)
         services: list[tuple[Callable[[Any, Any], None], object]] = [
             (dra_v1_grpc.add_DRAPluginServicer_to_server, DRAPluginServicer(state, self.fetcher, dra_v1, "v1")),

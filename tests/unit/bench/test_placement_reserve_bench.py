@@ -40,7 +40,9 @@ def used_of(placements: dict[str, pm.Placement]) -> set[tuple[str, str]]:
 
 
 def test_who_reserves_uid_and_toleration_as_the_controller_renders_it() -> None:
-    assert [reserve.reserves(job(1, g)) for g in (1, 2, 4, 8, 16, 64)] == [False] * 3 + [True] * 3
+    assert [reserve.reserves(job(1, g)) for g in (1, 2, 4, 8, 16, 64)] == [False] * 4 + [True] * 2
+    whole = reserve.Settings(whole_server=True)  # 8-GPU whole-server jobs reserve too (else they backfill)
+    assert [reserve.reserves(job(1, g), whole) for g in (1, 2, 4, 8, 16, 64)] == [False] * 3 + [True] * 3
     uid = reserve.job_uid("run1", 7)
     assert len(uid) == 36 and uid == reserve.job_uid("run1", 7) and uid != reserve.job_uid("run2", 7)
     spec = pm.claim_spec_for(job(1, 64), "g")
@@ -48,13 +50,14 @@ def test_who_reserves_uid_and_toleration_as_the_controller_renders_it() -> None:
     assert spec is not None
     tol = reserve.tolerating(spec, uid)
     subs = tol["devices"]["requests"][0]["firstAvailable"]
-    assert len(subs) == 2 and all(s["tolerations"] == [vocab.toleration(uid)] for s in subs)
+    assert len(subs) == 2 and all(s["tolerations"] == [vocab.toleration(uid), vocab.window_toleration()] for s in subs)
     assert "tolerations" not in spec["devices"]["requests"][0]["firstAvailable"][0]  # the input is not changed
 
 
 def test_settings_refuse_bad_values() -> None:
-    assert reserve.Settings() == reserve.Settings(900.0, 7200.0, 2, "true")
-    for bad in ({"after_s": -1}, {"max_hold_s": 0}, {"max_reservations": -1}, {"deadlines": "maybe"}):
+    assert reserve.Settings() == reserve.Settings(900.0, 86400.0, 2, "true")
+    for bad in ({"after_s": -1}, {"max_hold_s": 0}, {"max_reservations": -1}, {"deadlines": "maybe"},
+                {"grace_s": -1}, {"cooldown_s": -1}):
         with pytest.raises(ValueError):
             reserve.Settings(**bad)
 
@@ -127,7 +130,7 @@ def test_reserver_holds_the_leaf_with_fewest_pods_to_wait_for_then_releases_when
     assert m["reservation_idle_gpu_hours"] == 0.0  # the window [0, 0] (every job arrived at 0) has no length
 
 
-def test_max_hold_expires_once_and_is_not_made_again() -> None:
+def test_max_hold_expires_and_the_job_reserves_again_after_the_cool_down() -> None:
     inv = inventory({"a1": "h100", "a2": "h100"})
     fabric = {"a1": {"leaf": "la"}, "a2": {"leaf": "la"}}
     busy, big = job(1, 1, duration=1e6), job(2, 16)
@@ -146,6 +149,51 @@ def test_max_hold_expires_once_and_is_not_made_again() -> None:
     clock.advance(300.0)
     plan, want = r.step(clock, placements, used_of(placements), by_pod)
     assert want == {} and r.made == 1 and r.expired_count == 1
+    clock.advance(150.0 + 1800.0)  # the cool-down (Settings.cooldown_s) is over: reserved again
+    plan, want = r.step(clock, placements, used_of(placements), by_pod)
+    assert [x.state for x in plan.reservations] == [rsv.HELD] and r.made == 2
+
+
+def test_backfill_jobs_tolerate_windows_that_fit_their_duration_and_held_nodes_get_windows() -> None:
+    small, short, huge = job(1, 2, duration=1000.0), job(2, 1, duration=100.0), job(3, 1, duration=60_000.0)
+    s = reserve.Settings()
+    assert [reserve.backfills(j, s) for j in (small, short, huge, job(4, 8), job(5, 16))] == [
+        True, True, False, True, False]
+    assert not reserve.backfills(job(4, 8), reserve.Settings(whole_server=True))
+    assert not reserve.backfills(small, reserve.Settings(backfill=False))
+    spec = pm.claim_spec_for(small, "g")
+    assert spec is not None
+    tols = reserve.backfilling(spec, small)["devices"]["requests"][0]
+    got = (tols.get("exactly") or tols["firstAvailable"][0])["tolerations"]
+    assert got == vocab.backfill_tolerations(1000)
+    assert [t["value"] for t in got[1:]] == ["30m", "1h", "2h", "4h", "8h", "16h"]  # 1000 s needs 30m or more
+    assert reserve.deadline_s(job(6, 1, duration=99.2)) == 100
+    # A held node gets its window: the hold waits for a pod ending at 10,000; margin = one step (900 s).
+    inv = inventory({"a1": "h100", "a2": "h100"})
+    fabric = {"a1": {"leaf": "la"}, "a2": {"leaf": "la"}}
+    busy, big, small = job(7, 8, duration=10_000.0), job(8, 16), job(1, 2, arrival=50.0, duration=1000.0)
+    clock = pm.VirtualClock([busy, big, small])
+    clock.advance(0.0)
+    clock.due_arrivals()
+    placements = started(clock, busy, "a1")
+    by_pod = {n: j for j in (busy, big, small) for n in j.pod_names()}
+    r = reserve.Reserver(reserve.Settings(after_s=0), "run", "ns", inv, fabric)
+    plan, want = r.step(clock, placements, used_of(placements), by_pod)
+    (held,) = plan.reservations
+    assert held.place.expected_start == 10_000.0
+    windows = {w["spec"]["deviceSelector"]["pool"]: w["spec"]["taint"]["value"] for w in want.values()
+               if w["spec"]["taint"]["key"] == vocab.BACKFILL_WINDOW_KEY}
+    assert windows == {"a1": "2h", "a2": "2h"}  # 10,000 - 0 - 900 = 9,100 s: 2h is the largest bucket that fits
+    # A backfill job bound on a held node after the hold counts as backfilled GPUs.
+    clock.advance(100.0)
+    clock.due_arrivals()
+    placements.update(started(clock, small, "a2", devices=("gpu-0", "gpu-1")))
+    r.observe(100.0, used_of(placements), clock, placements, by_pod)
+    assert r.backfill_series[-1] == (100.0, 2)
+    none = reserve.Reserver(reserve.Settings(after_s=0, deadlines="none"), "run", "ns", inv, fabric)
+    _plan, want = none.step(clock, placements, used_of(placements), by_pod)
+    assert {w["spec"]["taint"]["value"] for w in want.values()
+            if w["spec"]["taint"]["key"] == vocab.BACKFILL_WINDOW_KEY} == {vocab.CLOSED}  # no estimate, no backfill
 
 
 def test_rule_changes_and_leaks() -> None:

@@ -17,7 +17,8 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_and_durations() -> None:
     a = parse()
-    assert (a.reservations, a.reservation_after, a.reservation_max_hold, a.max_reservations) == ("on", 900, 7200, 2)
+    assert (a.reservations, a.reservation_after, a.reservation_max_hold, a.max_reservations) == ("on", 900, 86400, 2)
+    assert (a.reservation_grace, a.reservation_cooldown) == (900, 1800)
     a = parse("--reservations=off", "--reservation-after=1h30m", "--reservation-max-hold=90", "--max-reservations=0")
     assert (a.reservations, a.reservation_after, a.reservation_max_hold, a.max_reservations) == ("off", 5400, 90, 0)
 

@@ -35,10 +35,10 @@ def node(name: str, domain: str | None, free: int, *running: tuple[str, int, flo
 
 
 def job(uid: str = "u1", pods: int = 2, waited: float = 1000.0, nodes: Sequence[NodeState] = (),
-        after: float = 600.0, hold: float = 3600.0, existing: Existing | None = None, expired: bool = False,
-        count: int = 8) -> Job:
+        after: float = 600.0, hold: float = 3600.0, existing: Existing | None = None,
+        expired_at: float | None = None, count: int = 8, cooldown: float = 1800.0, grace: float = 900.0) -> Job:
     return Job("ml", f"job-{uid}", uid, pods, NOW - waited if pods else None, after, hold, tuple(nodes), per(count),
-               existing, expired)
+               existing, expired_at, cooldown, grace)
 
 
 LEAF_A = [node("a1", "A", 8), node("a2", "A", 2, ("ml/s1", 6, None)), node("a3", "A", 0, ("ml/s2", 8, None))]
@@ -112,8 +112,56 @@ def test_a_hold_is_kept_where_it_is_until_the_job_binds_or_max_hold_passes() -> 
     late = plan([job(nodes=nodes, existing=Existing(HELD, ("b1", "b2"), "B", NOW - 3600))], NOW, 2)
     assert late.reservations == () and [j.uid for j in late.expired] == ["u1"]
     assert late.notes["u1"] == "released after holding 3600s (maxHold 3600s)"
-    again = plan([job(nodes=nodes, expired=True)], NOW, 2)  # the next pass: the status says Expired
-    assert again.reservations == () and "not reserved again until the job stops waiting" in again.notes["u1"]
+
+
+def test_a_hold_with_a_known_start_ends_grace_after_it_capped_by_max_hold() -> None:
+    nodes = [node("a1", "A", 0, ("ml/x", 8, NOW + 300)), node("a2", "A", 8)]
+    # Made 2000 s ago expecting a start 1000 s ago: the grace (900 s) is over, maxHold (3600 s) is not.
+    ex = Existing(HELD, ("a1", "a2"), "A", NOW - 2000, NOW - 1000)
+    late = plan([job(nodes=nodes, existing=ex)], NOW, 2)
+    assert [j.uid for j in late.expired] == ["u1"] and late.reservations == ()
+    assert late.notes["u1"] == "released after holding 2000s (900s past its expected start)"
+    # Within the grace: kept, with the earliest start it was given (the pod's end now says NOW + 300).
+    ex = Existing(HELD, ("a1", "a2"), "A", NOW - 2000, NOW - 500)
+    (r,) = plan([job(nodes=nodes, existing=ex)], NOW, 2).reservations
+    assert (r.state, r.place.expected_start) == (HELD, NOW - 500)
+    # A start later than maxHold allows: maxHold wins.
+    far = [node("a1", "A", 0, ("ml/x", 8, NOW + 50_000)), node("a2", "A", 8)]
+    ex = Existing(HELD, ("a1", "a2"), "A", NOW - 3600, NOW + 50_000)
+    late = plan([job(nodes=far, existing=ex)], NOW, 2)
+    assert late.notes["u1"] == "released after holding 3600s (maxHold 3600s)"
+    # A long maxHold keeps a hold that waits for a far start (the old 2 h rule released it).
+    (r,) = plan([job(nodes=far, existing=ex, hold=86_400)], NOW, 2).reservations
+    assert (r.state, r.place.expected_start) == (HELD, NOW + 50_000)
+
+
+def test_an_expired_wait_reserves_again_after_the_cool_down() -> None:
+    nodes = LEAF_A + LEAF_B
+    cooling = plan([job(nodes=nodes, expired_at=NOW - 100)], NOW, 2)  # the status says Expired 100 s ago
+    assert cooling.reservations == ()
+    assert cooling.notes["u1"] == "its reservation ran out; may reserve again in 1700s (cool-down 1800s)"
+    (r,) = plan([job(nodes=nodes, expired_at=NOW - 1800)], NOW, 2).reservations
+    assert (r.state, r.since, r.place.domain) == (HELD, NOW, "A")
+
+
+def test_the_domain_that_starts_soonest_wins_over_fewer_pods_to_wait_for() -> None:
+    one_long = [node("x1", "X", 0, ("ml/long", 8, NOW + 30_000)), node("x2", "X", 8)]
+    three_short = [node("y1", "Y", 0, ("ml/s1", 4, NOW + 100), ("ml/s2", 4, NOW + 200)),
+                   node("y2", "Y", 0, ("ml/s3", 8, NOW + 300))]
+    got = choose_place(job(nodes=one_long + three_short), NOW)
+    assert got is not None and (got.domain, got.expected_start, len(got.waits)) == ("Y", NOW + 300, 3)
+    # Equal starts: fewer pods to wait for.
+    same = [node("z1", "Z", 0, ("ml/z", 8, NOW + 300)), node("z2", "Z", 8)]
+    got = choose_place(job(nodes=three_short + same), NOW)
+    assert got is not None and got.domain == "Z"
+
+
+def test_inside_a_domain_the_nodes_that_drain_soonest_are_reserved() -> None:
+    nodes = [node("n1", "D", 0, ("ml/one", 8, NOW + 5000)),
+             node("n2", "D", 0, ("ml/a", 4, NOW + 100), ("ml/b", 4, NOW + 200)), node("n3", "D", 8)]
+    got = choose_place(job(nodes=nodes), NOW)
+    assert got is not None and got.nodes == ("n2", "n3") and got.expected_start == NOW + 200
+    assert got.waits == ("ml/a", "ml/b")
 
 
 def test_a_hold_whose_nodes_cannot_hold_the_job_any_more_is_planned_again() -> None:
@@ -139,6 +187,8 @@ def test_bad_input_is_refused() -> None:
         job(uid="")
     with pytest.raises(ValueError, match="maxHold must be positive"):
         job(hold=0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        job(cooldown=-1)
     with pytest.raises(ValueError, match="two jobs share a uid"):
         plan([job(), job()], NOW, 1)
     with pytest.raises(ValueError, match="max_reservations must not be negative"):

@@ -8,7 +8,7 @@ import pytest
 
 from topodra.controller.profile import ClaimProfile, ProfileError, parse_duration
 from topodra.controller.render import claim_spec, render_template
-from topodra.reservations import toleration
+from topodra.reservations import toleration, window_toleration
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 GANG: dict[str, Any] = {"alternatives": [{"deviceClassName": "gpu-h100", "count": 8}], "pods": 4,
@@ -72,7 +72,7 @@ def _tolerations(devices: dict[str, Any]) -> list[Any]:
 
 
 def test_every_request_and_subrequest_tolerates_exactly_the_profiles_own_reservation() -> None:
-    tol = [toleration(UID)]
+    tol = [toleration(UID), window_toleration()]
     one = claim_spec(prof({**GANG, "reservation": {}}))["devices"]
     assert _tolerations(one) == [tol]
     two = claim_spec(prof({**GANG, "alternatives": [{"deviceClassName": "gpu-h100", "count": 8},
@@ -97,3 +97,29 @@ def test_no_toleration_without_reservation_when_it_is_off_or_when_the_cluster_tu
 def test_a_reserving_profile_without_a_uid_cannot_be_rendered() -> None:
     with pytest.raises(ProfileError, match=r"reservation needs the profile's metadata\.uid"):
         render_template(prof({**GANG, "reservation": {}}, uid=""))
+
+
+SMALL: dict[str, Any] = {"alternatives": [{"deviceClassName": "gpu-h100", "count": 2},
+                                          {"deviceClassName": "gpu-h200", "count": 2}]}
+
+
+def test_a_backfill_profile_tolerates_held_devices_only_where_the_window_fits_its_bound() -> None:
+    from topodra.reservations import backfill_tolerations
+    p = prof({**SMALL, "backfill": {"maxRuntime": "45m"}})
+    assert p.spec.backfill is not None and p.spec.backfill.max_runtime_s == 2700
+    tols = _tolerations(claim_spec(p)["devices"])
+    assert tols == [backfill_tolerations(2700)] * 2  # both subrequests: windows 1h and up
+    assert [t["value"] for t in tols[0][1:]] == ["1h", "2h", "4h", "8h", "16h"]
+    assert _tolerations(claim_spec(p, reservations_on=False)["devices"]) == [None, None]  # off: nothing held
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({**SMALL, "backfill": {"maxRuntime": "17h"}}, "at most 16h"),
+    ({**SMALL, "backfill": {"maxRuntime": 0}}, "must be above 0s"),
+    ({**SMALL, "backfill": {}}, "backfill.maxRuntime"),
+    ({**GANG, "reservation": {}, "backfill": {"maxRuntime": "1h"}}, "either reserves (reservation) or backfills"),
+])
+def test_bad_backfill_is_refused_with_the_reason(spec: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ProfileError) as e:
+        prof(spec)
+    assert needle in str(e.value)

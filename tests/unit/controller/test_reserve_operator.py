@@ -70,7 +70,7 @@ def test_a_waiting_gang_reserves_the_nodes_with_fewest_pods_then_releases_when_b
     # The template tolerates the profile's own taint from the start.
     tmpl = kube.objs[template_path("ml", "train")]
     (req,) = tmpl["spec"]["spec"]["devices"]["requests"]
-    assert req["exactly"]["tolerations"] == [vocab.toleration(uid)]
+    assert req["exactly"]["tolerations"] == [vocab.toleration(uid), vocab.window_toleration()]
     # Waiting 30 s of 5 min: a hint (effect None) only, where it would go.
     assert st["reservation"]["state"] == "Hint" and st["reservation"]["nodes"] == ["n1", "n3"]
     assert {r["spec"]["taint"]["effect"] for r in rules(kube).values()} == {"None"}
@@ -81,7 +81,12 @@ def test_a_waiting_gang_reserves_the_nodes_with_fewest_pods_then_releases_when_b
     res = st["reservation"]
     assert (res["state"], res["domain"], res["level"], res["nodes"]) == ("Held", "l1", "leafGroup", ["n1", "n3"])
     assert (res["gpusHeldIdle"], res["podsToWaitFor"]) == (15, 1) and "expectedStart" not in res
-    got = rules(kube)
+    assert res["backfillWindow"] == vocab.CLOSED  # no expected start: no backfill
+    windows = {n: r for n, r in rules(kube).items() if r["spec"]["taint"]["key"] == vocab.BACKFILL_WINDOW_KEY}
+    assert sorted(r["spec"]["deviceSelector"]["pool"] for r in windows.values()) == ["n1", "n3"]
+    assert all(r["spec"]["taint"] == {"key": vocab.BACKFILL_WINDOW_KEY, "value": vocab.CLOSED,
+                                      "effect": "NoSchedule"} for r in windows.values())
+    got = {n: r for n, r in rules(kube).items() if n not in windows}
     assert sorted(r["spec"]["deviceSelector"]["pool"] for r in got.values()) == ["n1", "n3"]
     for r in got.values():
         assert r["spec"]["taint"] == {"key": vocab.RESERVATION_TAINT_KEY, "value": uid, "effect": "NoSchedule"}
@@ -92,7 +97,7 @@ def test_a_waiting_gang_reserves_the_nodes_with_fewest_pods_then_releases_when_b
     assert events.count("Reserved") == 1
 
     # A second pass changes nothing (the hold is kept, no new writes of rules).
-    before = set(got)
+    before = set(rules(kube))
     refresh(kube)
     assert set(rules(kube)) == before
 
@@ -109,7 +114,7 @@ def test_a_deleted_profiles_rules_are_collected_and_turning_reservations_off_dro
     add_profile(kube, SPEC)
     gang_pods(kube, waited=400)
     refresh(kube)
-    assert len(rules(kube)) == 2
+    assert len(rules(kube)) == 4  # two holds, two backfill windows
     # Off cluster-wide: the rules go and the template loses its toleration in the same pass.
     off = ControllerConfig(snapshot_ttl_s=0, reservations=False)
     st = refresh(kube, off)
@@ -117,7 +122,7 @@ def test_a_deleted_profiles_rules_are_collected_and_turning_reservations_off_dro
     (req,) = kube.objs[template_path("ml", "train")]["spec"]["spec"]["devices"]["requests"]
     assert "tolerations" not in req["exactly"]
     refresh(kube)
-    assert len(rules(kube)) == 2
+    assert len(rules(kube)) == 4
     # The profile disappears while the controller is down: the next pass (a start) deletes its rules.
     del kube.objs[f"{PROFILES}/train"]
     assert reconcile_reservations(kube, CFG, "cannot read", []) is None  # type: ignore[arg-type]
@@ -172,3 +177,24 @@ def test_a_rule_read_back_with_the_api_servers_time_added_is_the_same_rule(kube:
     uids = {r["metadata"]["uid"] for r in rules(kube).values()}
     refresh(kube)
     assert {r["metadata"]["uid"] for r in rules(kube).values()} == uids  # kept, not re-made every pass
+
+
+def test_a_hold_with_a_known_start_opens_a_backfill_window_and_keeps_its_first_estimate(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {"n1": 1})
+    pod = kube.objs[f"{pod_path('ml')}/n1-p0"]
+    pod["spec"]["activeDeadlineSeconds"] = 100 + 3 * 3600  # started 100 s ago: ends in 3 h
+    add_profile(kube, {**SPEC, "pods": 4})  # all four nodes: n1's pod is waited for
+    gang_pods(kube, waited=400, n=4)
+    st = refresh(kube)
+    res = st["reservation"]
+    assert res["state"] == "Held" and "expectedStart" in res
+    assert res["backfillWindow"] == "2h"  # 3 h less the margin (refresh interval + facts TTL) fits 2h, not 4h
+    windows = {r["spec"]["deviceSelector"]["pool"]: r["spec"]["taint"]["value"] for r in rules(kube).values()
+               if r["spec"]["taint"]["key"] == vocab.BACKFILL_WINDOW_KEY}
+    assert windows == {f"n{i}": "2h" for i in range(4)}
+    holds = [r for r in rules(kube).values() if r["spec"]["taint"]["key"] == vocab.RESERVATION_TAINT_KEY]
+    assert {r["metadata"]["annotations"]["topodra.io/reservation-expected-start"] for r in holds} == {
+        res["expectedStart"]}
+    ex = existing_reservations(list(rules(kube).values()), 0.0)
+    (only,) = ex.values()  # window rules are not a second reservation
+    assert only.nodes == ("n0", "n1", "n2", "n3") and only.expected_start is not None

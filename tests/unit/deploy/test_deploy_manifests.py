@@ -77,7 +77,7 @@ def test_controller_deployment_args_parse_with_the_controller() -> None:
     assert args.leader_elect and args.all_namespaces and args.lease_namespace == NS
     # The chart's reservation defaults reach the controller as seconds.
     assert (args.reservations, args.reservation_after, args.reservation_max_hold, args.max_reservations) == (
-        "on", 900, 7200, 2)
+        "on", 900, 86400, 2)
     env = env_of(c)
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     # The Lease role lives where the controller puts its Lease.

@@ -12,7 +12,7 @@ from typing import Any
 
 from testkit.manifests import DEPLOY, docs, one
 
-from topodra.reservations import RESERVATION_TAINT_KEY, tolerates_reservation
+from topodra.reservations import BACKFILL_WINDOW_KEY, RESERVATION_TAINT_KEY, tolerates_reservation, tolerates_window
 
 NS = "topodra-system"
 POLICY = "topodra-controller-reservation-tolerations"
@@ -52,13 +52,16 @@ def test_allowed_writers_are_the_controllers_service_account_and_the_claim_contr
     assert expr.startswith("!(request.userInfo.username in (")
 
 
-def test_the_cel_names_the_reservation_key_and_the_keyless_exists_case() -> None:
+def test_the_cel_names_the_reservation_and_window_keys_and_the_keyless_exists_case() -> None:
     spec = policy()["spec"]
     offending = {v["name"]: v["expression"] for v in spec["variables"]}["offending"]
     keys = set(re.findall(r'\.\?key\.orValue\(""\) == "([^"]*)"', offending))
-    assert keys == {RESERVATION_TAINT_KEY, ""}
+    assert keys == {""}
+    listed = set(re.findall(r'\.\?key\.orValue\(""\) in \[([^\]]*)\]', offending))
+    assert listed == {f'"{RESERVATION_TAINT_KEY}", "{BACKFILL_WINDOW_KEY}"'}
     # the same predicate for exactly, firstAvailable (filter) and firstAvailable (names)
-    assert offending.count(f'== "{RESERVATION_TAINT_KEY}"') == 3
+    assert offending.count(f'in ["{RESERVATION_TAINT_KEY}", "{BACKFILL_WINDOW_KEY}"]') == 3
+    assert tolerates_window({"key": BACKFILL_WINDOW_KEY, "operator": "Equal", "value": "1h"})
     assert offending.count('.?operator.orValue("") == "Exists"') == 3
     assert "exactly.?tolerations" in offending and "firstAvailable" in offending
     # what the CEL refuses is what topodra.reservations calls tolerating a reservation
@@ -68,3 +71,4 @@ def test_the_cel_names_the_reservation_key_and_the_keyless_exists_case() -> None
     (validation,) = spec["validations"]
     assert validation["reason"] == "Forbidden" and RESERVATION_TAINT_KEY in validation["message"]
     assert RESERVATION_TAINT_KEY in validation["messageExpression"]
+    assert BACKFILL_WINDOW_KEY in validation["message"] and BACKFILL_WINDOW_KEY in validation["messageExpression"]

@@ -117,3 +117,53 @@ def test_unavailable_is_allocated_or_blocking_tainted_and_follows_rule_events() 
     assert st.sizes()["taint_rules"] == 1
     st.replace("taintrules", [])
     assert keys(st, "a") == [("a", "gpu-0"), ("a", "gpu-5")]
+
+
+def test_a_rule_naming_a_pool_touches_only_its_node_one_without_touches_all() -> None:
+    """Reservation rules name one pool (a node): their churn must not make the scorer rebuild every node."""
+    st = state({"a": "dgx-h100", "b": "dgx-h100"})
+    for node in ("a", "b"):
+        for s in node_slices(node, "dgx-h100"):
+            st.set_slice(s)
+    assert keys(st, "a") == [] and keys(st, "b") == []  # both nodes' tables built
+    mark = st.changes
+    st.set_taint_rule(rule("hold-b", "NoSchedule", driver=DRIVER, pool="b"))
+    assert st.changed_since(mark) == ["b"]
+    view = st.node_view("b")
+    assert view is not None and len(keys(st, "b")) == len(view.devices) and keys(st, "a") == []
+    mark = st.changes
+    st.delete_taint_rule("hold-b")
+    assert st.changed_since(mark) == ["b"] and keys(st, "b") == []
+    mark = st.changes
+    st.set_taint_rule(rule("everywhere", "NoSchedule", driver=DRIVER, device="gpu-1"))
+    assert st.changed_since(mark) is None  # no pool: every node may have changed
+    assert keys(st, "a") == [("a", "gpu-1")] and keys(st, "b") == [("b", "gpu-1")]
+
+
+def test_unavailable_for_a_tolerance_follows_claims_and_rules_of_its_node() -> None:
+    """``unavailable_for`` is cached per node and tolerance; a claim or a rule there must drop it."""
+    from topodra import reservations as vocab
+    from topodra.fleet.taints import toleration_tuple
+    st = state({"a": "dgx-h100", "b": "dgx-h100"})
+    for node in ("a", "b"):
+        for s in node_slices(node, "dgx-h100"):
+            st.set_slice(s)
+    hold = {"metadata": {"name": "hold-a"}, "spec": {"deviceSelector": {"driver": DRIVER, "pool": "a"}, "taint": {
+        "key": vocab.RESERVATION_TAINT_KEY, "value": "u", "effect": "NoSchedule"}}}
+    st.set_taint_rule(hold)
+    backfill = (tuple(toleration_tuple(t) for t in vocab.backfill_tolerations(3600)),)
+    reserving = (tuple(toleration_tuple(t) for t in (vocab.toleration("u"), vocab.window_toleration())),)
+    view = st.node_view("a")
+    assert view is not None
+
+    def mine(tol: Any) -> list[tuple[str, str]]:
+        return sorted(view.devices[i].key for i in st.unavailable_for(view, tol))
+    assert mine(reserving) == [] and len(mine(backfill)) == 0  # no window rule yet: the hold alone is tolerated
+    st.set_taint_rule({"metadata": {"name": "win-a"}, "spec": {"deviceSelector": {"driver": DRIVER, "pool": "a"},
+                                                             "taint": {"key": vocab.BACKFILL_WINDOW_KEY,
+                                                                       "value": "30m", "effect": "NoSchedule"}}})
+    assert mine(reserving) == [] and len(mine(backfill)) == len(view.devices)  # 30m < 1h: closed to it
+    st.set_claim(claim("c", gpus(1), allocated=[("a", "gpu-0")]))
+    assert mine(reserving) == [("a", "gpu-0")]
+    st.delete_taint_rule("win-a")
+    assert mine(backfill) == [("a", "gpu-0")]
