@@ -151,3 +151,17 @@ def test_shipped_extender_is_asked_about_every_pod(path: str) -> None:
     for e in extenders:
         assert not e.get("managedResources") and not e.get("filterVerb"), e
         assert e["ignorable"] is True and e["nodeCacheCapable"] is True and e["prioritizeVerb"] == "prioritize"
+
+
+def test_shipped_scorer_scores_pods_without_claims() -> None:
+    """The shipped Deployment runs the rule above (``--host-resources mix``); its args parse with the CLI's."""
+    import argparse
+
+    from topodra.placement.main import configure
+
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/placement/deployment.yaml").read_text()) if d]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert parser.parse_args(container["args"]).host_resources == "mix"
