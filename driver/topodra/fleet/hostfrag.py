@@ -132,3 +132,33 @@ def capped_by_class(free: int, unusable_gpu: Sequence[int], ks: Sequence[int], c
             lim = limits[(k, share)] = min(host_gpu_limit(cpu_free, memory_free, share, k))
         out.append(free - max(0, min(free - u, lim)))
     return tuple(out)
+
+
+SharePlan = tuple[tuple[tuple[int, Share], ...], tuple[int, ...]]  # distinct (k, share) groups; per class its group
+
+
+def share_plan(ks: Sequence[int], shares: Sequence[Share | None]) -> SharePlan:
+    """``capped_by_class``'s grouping worked out once: the distinct (GPUs per placement, share) pairs, and per class
+    the index of its pair (-1: the class is not capped)."""
+    groups: list[tuple[int, Share]] = []
+    index: dict[tuple[int, Share], int] = {}
+    of_class = []
+    for k, share in zip(ks, shares, strict=True):
+        if share is None or k <= 0:
+            of_class.append(-1)
+            continue
+        g = index.get((k, share))
+        if g is None:
+            g = index[(k, share)] = len(groups)
+            groups.append((k, share))
+        of_class.append(g)
+    return tuple(groups), tuple(of_class)
+
+
+def capped_by_plan(free: int, unusable_gpu: Sequence[int], cpu_free: int, memory_free: int,
+                   plan: SharePlan) -> tuple[int, ...]:
+    """``capped_by_class`` with the grouping of ``share_plan`` (same result; one host limit per group)."""
+    groups, of_class = plan
+    limits = [min(host_gpu_limit(cpu_free, memory_free, share, k)) for k, share in groups]
+    return tuple(u if g < 0 else free - max(0, min(free - u, limits[g]))
+                 for u, g in zip(unusable_gpu, of_class, strict=True))

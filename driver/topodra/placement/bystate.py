@@ -27,7 +27,7 @@ from itertools import repeat
 from topodra.fleet.allocator import Rank, free_gpus
 from topodra.fleet.demand import Demand
 from topodra.fleet.fgd import Mix
-from topodra.fleet.hostfrag import HostJob, capped_by_class, capped_vector, class_gpus
+from topodra.fleet.hostfrag import HostJob, SharePlan, capped_by_plan, capped_vector, class_gpus, share_plan
 from topodra.fleet.hostres import Share
 from topodra.fleet.nodestates import NodeStates
 from topodra.fleet.state import NodeView
@@ -59,6 +59,7 @@ class StateScorer:
         self._raw: dict[tuple[int, frozenset[int], tuple[int, ...]], tuple[int, ...]] = {}
         self._before: dict[tuple[int, Share | None, int, tuple[object, ...], tuple[int, ...]], int] = {}
         self._ks: dict[tuple[int, ...], tuple[int, ...]] = {}  # class ids -> GPUs per placement of each
+        self._plans: dict[tuple[object, ...], SharePlan] = {}  # per-class shares, grouped (hostfrag.share_plan)
         self._valid_for = (-1, -1)  # (states.epoch, scorer.generation) the ids above belong to
 
     def _check(self) -> None:
@@ -70,6 +71,7 @@ class StateScorer:
             self._raw.clear()
             self._before.clear()
             self._ks.clear()
+            self._plans.clear()
             self._count = 0
             self._valid_for = (self.states.epoch, self.scorer.generation)
 
@@ -102,7 +104,7 @@ class StateScorer:
         ids_of_classes = tuple(c[0] for c in canon)
         entries = self._entries.setdefault((key, job, ids_of_classes), {})
         ids: list[int | None] = list(map(table.get, names))  # None: the node publishes none of our devices (0)
-        if cpu_only:  # issue 34: a node without our devices strands no GPU (cost 0) where the pod fits
+        if cpu_only and None in ids:  # issue 34: a node without our devices strands no GPU where the pod fits
             hosts = self.states.state.hosts
             assert job is not None
             for pos, (name, s) in enumerate(zip(names, ids, strict=True)):
@@ -189,15 +191,17 @@ class StateScorer:
             ks = self._ks.get(ids)
             if ks is None:
                 ks = self._ks[ids] = tuple(class_gpus(d) for _i, d, _p in classes)
-            shares = job.class_shares(ks, st.fair)
+            pkey = (ids, job.share, job.gpus, job.observed, st.fair)
+            plan = self._plans.get(pkey)
+            if plan is None:
+                plan = self._plans[pkey] = share_plan(ks, job.class_shares(ks, st.fair))
             bkey2 = (s, job.share, job.gpus, job.observed, ids)
             before = self._before.get(bkey2)
             if before is None:
-                before = self._before[bkey2] = self._vector(capped_by_class(
-                    free_gpus(view, used), self._raw_vector(view, used, classes, ids), ks, room[0], room[1],
-                    shares))
-            after_id = self._vector(capped_by_class(free_after, raw_after, ks, room[0] - job.pod_cpu,
-                                                    room[1] - job.pod_memory, shares))
+                before = self._before[bkey2] = self._vector(capped_by_plan(
+                    free_gpus(view, used), self._raw_vector(view, used, classes, ids), room[0], room[1], plan))
+            after_id = self._vector(capped_by_plan(free_after, raw_after, room[0] - job.pod_cpu,
+                                                   room[1] - job.pod_memory, plan))
             return rank, before, after_id, best_fit
         if room is not None and job is not None:
             ks = self._ks.get(ids)

@@ -165,3 +165,22 @@ def test_shipped_scorer_scores_pods_without_claims() -> None:
     parser = argparse.ArgumentParser()
     configure(parser)
     assert parser.parse_args(container["args"]).host_resources == "mix"
+
+
+def test_grouped_caps_equal_the_per_class_caps() -> None:
+    """``capped_by_plan`` (what the per-state scorer runs) is ``capped_by_class`` with the host limits grouped."""
+    import random
+
+    from topodra.fleet.hostfrag import capped_by_class, capped_by_plan, share_plan
+
+    rng = random.Random(34)
+    pool = [None, Share(9_000, 40 * GI), Share(10_000, 40 * GI), Share(24_000, 48 * GI), Share(0, 8 * GI)]
+    for _ in range(500):
+        n = rng.randint(1, 8)
+        ks = [rng.choice((0, 1, 2, 4, 8)) for _ in range(n)]
+        shares = [rng.choice(pool) for _ in range(n)]
+        free = rng.randint(0, 8)
+        unusable = [rng.randint(0, free) for _ in range(n)]
+        cpu, mem = rng.randint(-4_000, 100_000), rng.randint(0, 400) * GI
+        assert capped_by_plan(free, unusable, cpu, mem, share_plan(ks, shares)) == \
+            capped_by_class(free, unusable, ks, cpu, mem, shares)
