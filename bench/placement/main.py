@@ -58,7 +58,7 @@ from topodra.classcatalog import catalog, to_device_class
 from topodra.controller.reserve import apply_order
 from topodra.kube import Kube, KubeError, make_transport
 from topodra.reservations import HOLD_EFFECT, PROFILE_NS_LABEL
-from topodra.simulate import SimulatedCluster, Simulation, load_cluster
+from topodra.simulate import SimulatedCluster, Simulation, ensure_node, load_cluster
 
 # Placement benchmarks run on a private cluster (own state, ports, lock): they never hold the shared
 # fixed-port cluster's lock that test sessions wait for. Runs of this instance still queue behind each
@@ -315,6 +315,19 @@ def override_allocatable(kube: Kube, names: Sequence[str], allocatable: tuple[st
     for name in names:
         kube.merge_patch(f"{CORE}/nodes/{name}/status", patch)
     log(f"{len(names)} nodes now report allocatable cpu={cpu} memory={memory}")
+
+
+def add_cpu_nodes(kube: Kube, group: Sequence[tuple[str, str]], label: str) -> list[str]:
+    """The CPU-only node group (``--cpu-nodes``): kubelet-less Ready Nodes without devices, labelled for the
+    benchmark's pods like the GPU servers (``topodra.simulate.ensure_node``)."""
+    names = []
+    for i, allocatable in enumerate(group):
+        name = f"cpu-{i:03d}"
+        ensure_node(kube, name, {NODE_LABEL: label}, allocatable)
+        names.append(name)
+    wait_untainted(kube, names)
+    log(f"{len(names)} CPU-only nodes: " + ", ".join(f"{c}/{m}" for c, m in group))
+    return names
 
 
 def build_inventory(kube: Kube, node_su: Mapping[str, str], matches: Mapping[str, Any]) -> pm.NodeCapacity:
@@ -613,7 +626,8 @@ class Replay:
             wall_s=wall, scheduler=scheduler, scorer=scorer,
             series=[{"t": s.t, "used": s.used, "stranded": s.stranded, "stranded_cpu": s.stranded_cpu,
                      "stranded_memory": s.stranded_memory, "fgd": round(s.fgd, 3),
-                     "goodput": round(s.goodput, 3), "waiting": s.waiting} for s in self.snaps],
+                     "goodput": round(s.goodput, 3), "waiting": s.waiting, "whole_free": s.whole_free,
+                     "cpu_only_on_gpu_nodes": s.cpu_only_on_gpu_nodes} for s in self.snaps],
             peak_free_per_node=peak[1], waits=waits, gpus=self.env.inv.total(),
             phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log)
 
@@ -761,8 +775,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", nargs="?", help="Alibaba openb_pod_list_*.csv (default: the synthetic stream)")
     p.add_argument("--policies", default="a,b,c,d",
-                   help="comma-separated subset of a,b,c,d,dr,e,f,g (dr: (d') = (d) counting node CPU and "
-                        "memory; g: (f) + reservations, with --multinode)")
+                   help="comma-separated subset of a,b,c,d,dr,dh,e,f,g (dr: (d') = (d) counting node CPU and "
+                        "memory; dh: per-class shares and CPU-only pods scored; g: (f) + reservations, with "
+                        "--multinode)")
     p.add_argument("--paired", action="store_true",
                    help="run every policy of a seed before the next seed (restarts the scheduler between runs)")
     p.add_argument("--shapes", choices=["fixed", "trace"], default="fixed",
@@ -810,6 +825,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-allocatable", metavar="CPUS,MEMORY",
                    help="every node's allocatable instead of its profile's, e.g. 96,384Gi (the trace's own "
                         "8-GPU servers, shapes.TRACE_NODE)")
+    p.add_argument("--cpu-nodes", metavar="NODE_LIST.csv",
+                   help="add a CPU-only node group: the trace's openb_node_list_all_node.csv gives its size (the "
+                        "trace's proportion of CPU-only to GPU nodes) and shapes (shapes.cpu_node_group)")
     p.add_argument("--until-window-end", action="store_true",
                    help="end each run at its last arrival's step (the metrics' window) instead of when every job "
                         "has started; jobs still waiting count as unplaced, their wait so far in wait_mean_s_all")
@@ -858,6 +876,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.node_allocatable:
             shapes.parse_allocatable(args.node_allocatable)
         cluster = load_cluster(args.cluster)
+        if getattr(args, "cpu_nodes", None):
+            shapes.cpu_node_group(args.cpu_nodes, 1)  # fail on a bad file before starting anything
         if args.trace and args.shapes == "trace":
             shapes.trace_jobs(args.trace, 1, 1)  # fail on a bad file before starting anything
         elif args.trace:
@@ -988,6 +1008,8 @@ def run_matrix(args: argparse.Namespace, cluster: SimulatedCluster, policies: Se
         sim, node_su = publish(kube, prefixed(cluster, "", label))
         if args.node_allocatable:
             override_allocatable(kube, list(node_su), shapes.parse_allocatable(args.node_allocatable))
+        if getattr(args, "cpu_nodes", None):
+            add_cpu_nodes(kube, shapes.cpu_node_group(args.cpu_nodes, len(node_su)), label)
         inv = build_inventory(kube, node_su, matches)
         env = Env(lc=lc, kube=kube, inv=inv, node_selector={NODE_LABEL: label}, fabric=gang.fabric_of(sim.nodes))
         log(f"cluster ready in {time.monotonic() - t0:.0f}s: {len(inv.nodes)} nodes, {inv.total()} GPUs")

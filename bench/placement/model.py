@@ -44,10 +44,13 @@ POLICIES: dict[str, str] = {
     "e": "(c), multi-node jobs as a PodGroup gang with a scalable-unit topology constraint (bench/placement/gang.py)",
     "f": "(e) + topodra placement scorer (gang-aware: one leaf group inside the unit)",
     "dr": "(d') (d) with the scorer counting node CPU and memory (--host-resources on)",
+    "dh": "(d) with the scorer's --host-resources mix: each request class judged with the CPU and memory per GPU "
+          "its size's pods ask for (whole servers count), pods without claims scored by the GPUs they strand",
     "g": "(f) + reservations for waiting multi-node and 8-GPU jobs (the controller's planner; "
          "bench/placement/reserve.py), backfill of 1-4 GPU jobs by their duration",
 }
-SCORER_POLICIES = {"d": "off", "dr": "on", "f": "off", "g": "off"}  # policy -> the scorer's --host-resources
+# policy -> the scorer's --host-resources
+SCORER_POLICIES = {"d": "off", "dr": "on", "dh": "mix", "f": "off", "g": "off"}
 
 # Preference lists: name -> DeviceClass names, in order (classes from topodra's catalog).
 PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -240,7 +243,7 @@ def claim_spec_for(job: Job, policy: str) -> dict[str, Any] | None:
     if policy == "b":
         return {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": {
             "deviceClassName": job.classes[0], "allocationMode": "ExactCount", "count": job.per_pod}}]}}
-    if policy in ("c", "d", "dr", "e", "f", "g"):
+    if policy in ("c", "d", "dr", "dh", "e", "f", "g"):
         from topodra.controller.profile import ClaimProfile
         from topodra.controller.render import claim_spec
 
@@ -639,6 +642,7 @@ class Snapshot:
     stranded_cpu: int = 0  # of ``stranded``: GPUs no waiting pod can use for lack of node CPU (shapes.py)
     stranded_memory: int = 0
     cpu_only_on_gpu_nodes: int = 0  # bound pods without GPUs on GPU nodes
+    whole_free: int = 0  # servers with all of at least WHOLE_SERVER GPUs free (an 8-GPU job's server)
 
 
 def snapshot(t: float, inv: NodeCapacity, used: set[tuple[str, str]], clock: VirtualClock,
@@ -648,7 +652,16 @@ def snapshot(t: float, inv: NodeCapacity, used: set[tuple[str, str]], clock: Vir
     good = sum(s.job.gpus / slowdown(s.job, inv, s.placements) for s in clock.running())
     return Snapshot(t=t, used=len(used), stranded=stranded_gpus(inv, free, waiting, policy),
                     fgd=fgd_fragmentation(inv, free, mix, policy), goodput=good, waiting=len(waiting),
-                    waiting_gpus=sum(j.gpus for j in waiting), free_per_node=free)
+                    waiting_gpus=sum(j.gpus for j in waiting), free_per_node=free,
+                    whole_free=whole_free_servers(free))
+
+
+WHOLE_SERVER = 8  # GPUs of the largest single-node job: a server with this many free can take it
+
+
+def whole_free_servers(free: Mapping[str, int]) -> int:
+    """Servers with at least ``WHOLE_SERVER`` free GPUs (every GPU node of the benchmark's clusters has 8)."""
+    return sum(1 for f in free.values() if f >= WHOLE_SERVER)
 
 
 def time_average(snaps: Sequence[Snapshot], attr: str, t0: float, t1: float) -> float:
@@ -718,6 +731,7 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
         "stranded_gpus_memory": time_average(snaps, "stranded_memory", t0, t1),
         "cpu_only_pods_on_gpu_nodes": time_average(snaps, "cpu_only_on_gpu_nodes", t0, t1),
         "cpu_only_jobs": sum(1 for s in states if not s.job.gpus),
+        "servers_8_free": time_average(snaps, "whole_free", t0, t1),
         "stranded_share_while_waiting": (statistics.fmean(s.stranded / cap for s in stranded_while_waiting)
                                          if stranded_while_waiting else 0.0),
         "fgd_fragmentation": time_average(snaps, "fgd", t0, t1) / cap,
@@ -726,6 +740,7 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
         "waiting_at_end": sum(1 for s in states if s.submitted and s.start is None),
         "wait_p50_s": {k: percentile(v, 50) for k, v in sorted(waits.items(), key=lambda kv: int(kv[0]))},
         "wait_p95_s": {k: percentile(v, 95) for k, v in sorted(waits.items(), key=lambda kv: int(kv[0]))},
+        "wait_p95_s_all": waits_all_p95(states, clock.now),
         "choice": dict(sorted(ranks.items())),
         "type_violations": violations,
         "subrequest_mismatches": mismatches,
@@ -733,6 +748,17 @@ def run_metrics(clock: VirtualClock, snaps: Sequence[Snapshot], inv: NodeCapacit
         "rail_alignment": aligned / multi_node if multi_node else math.nan,
         "multi_node_jobs": multi_node,
     }
+
+
+def waits_all_p95(states: Sequence[JobState], end: float) -> dict[str, float]:
+    """Per job size, the p95 wait of every job that arrived, one still waiting counted up to ``end`` (a job
+    that never started would not show in ``wait_p95_s``)."""
+    waits: dict[str, list[float]] = {}
+    for s in states:
+        if s.start is not None or s.submitted:
+            w = (s.start if s.start is not None else max(end, s.job.arrival)) - s.job.arrival
+            waits.setdefault(str(s.job.gpus), []).append(w)
+    return {k: percentile(v, 95) for k, v in sorted(waits.items(), key=lambda kv: int(kv[0]))}
 
 
 def wait_mean_all(states: Sequence[JobState], end: float) -> float:

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from bench.paths import REPO
 
-COLORS = {"a": "tab:gray", "b": "tab:orange", "c": "tab:blue", "d": "tab:green", "dr": "tab:red"}
+COLORS = {"a": "tab:gray", "b": "tab:orange", "c": "tab:blue", "d": "tab:green", "dr": "tab:red", "dh": "tab:purple"}
 
 
 def _first_seed_runs(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -13,6 +13,10 @@ tasks, and the metrics that see node CPU and memory (pure).
 * arrivals are scaled as in ``model.alibaba_jobs`` (offered GPU load ``load`` on the cluster's GPUs,
   durations trimmed at their 90th percentile for that count only).
 
+CPU-only nodes (issue 34): ``cpu_node_group`` reads ``openb_node_list_all_node.csv`` (the trace's 1,523 nodes, 310
+of them without GPUs) and gives a cluster of G GPU servers round(G * 310 / 1,213) CPU-only nodes with the trace's
+CPU-only shapes in their proportions (largest remainder), e.g. 4 for 16 servers: 2x 32 CPUs/256Gi, 96/512Gi, 96/384Gi.
+
 Node CPU and memory: ``stranded_split`` counts a node's free GPUs as stranded when no waiting GPU job's
 pod fits there by GPU type, count, CPU and memory; of those, the ones where some waiting pod would fit by
 GPUs but none by CPU are *stranded by CPU*, likewise by memory.
@@ -114,6 +118,44 @@ def trace_jobs(path: str | Path, limit: int, capacity_gpus: int, load: float = 1
     return [pm.Job(id=i, arrival=round((t.created - t0) * scale, 3), duration=t.duration, gpus=t.gpus,
                    prefs="any", cpu_milli=t.cpu_milli, memory_mib=t.memory_mib)
             for i, t in enumerate(tasks)]
+
+
+# --------------------------------------------------------------------------- CPU-only nodes
+
+
+def cpu_node_group(path: str | Path, gpu_servers: int) -> list[tuple[str, str]]:
+    """(CPUs, memory) of the CPU-only nodes beside ``gpu_servers`` GPU servers, in the trace's proportion of
+    CPU-only to GPU nodes and its CPU-only shapes, most common first (module docstring)."""
+    p = Path(path)
+    rows = _rows(p)
+    need = {"cpu_milli", "memory_mib", "gpu"}
+    if not rows or not need <= set(rows[0]):
+        raise pm.WorkloadError(f"{p} is not an openb node list (needs columns {sorted(need)})")
+    shapes: dict[tuple[int, int], int] = {}
+    gpu_nodes = 0
+    for n, row in enumerate(rows, start=2):
+        try:
+            gpus, cpu, mem = int(row["gpu"]), int(row["cpu_milli"]), int(row["memory_mib"])
+        except ValueError as e:
+            raise pm.WorkloadError(f"{p}:{n}: bad number: {e}") from None
+        if gpus > 0:
+            gpu_nodes += 1
+        elif cpu > 0 and mem > 0:
+            shapes[(cpu, mem)] = shapes.get((cpu, mem), 0) + 1
+    cpu_nodes = sum(shapes.values())
+    if not gpu_nodes or not cpu_nodes:
+        raise pm.WorkloadError(f"{p}: needs both GPU and CPU-only nodes ({gpu_nodes} and {cpu_nodes} found)")
+    want = round(gpu_servers * cpu_nodes / gpu_nodes)
+    ranked = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))
+    exact = [(shape, want * count / cpu_nodes) for shape, count in ranked]
+    counts = {shape: int(x) for shape, x in exact}
+    left = want - sum(counts.values())
+    for shape, _x in sorted(exact, key=lambda sx: -(sx[1] - int(sx[1])))[:left]:
+        counts[shape] += 1
+    out: list[tuple[str, str]] = []
+    for (cpu, mem), _count in ranked:
+        out += [(f"{cpu}m", f"{mem}Mi")] * counts[(cpu, mem)]
+    return out
 
 
 # --------------------------------------------------------------------------- node CPU and memory

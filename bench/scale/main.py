@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -359,8 +360,11 @@ def run_controller(lc: localcluster.Cluster) -> dict[str, Any]:
             "profiles": len(profiles), "free_first_alternative": [s[0].devices_free for s in want]}
 
 
-def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any]:
-    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, pct, responder, spec, warm
+def run_scorer(lc: localcluster.Cluster, calls: int, seed: int, host_resources: str = "on",
+               cpu_only: float = 0.0) -> dict[str, Any]:
+    """``host_resources``: the scorer's flag; ``cpu_only``: share of calls for pods without claims (issue 34: scored
+    with ``mix``), drawn from ``bench.scorer_latency.main.CPU_ONLY_SHAPES`` and timed apart too."""
+    from bench.scorer_latency.main import SIZE_P, SIZES, allocate, cpu_only_pod, pct, responder, spec, warm
     from testkit.views import claim
 
     from topodra.placement.cache import Cache, settle_heap
@@ -392,11 +396,18 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
         allocate(st, rng, rng.choice(names), rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3)
     settle_heap()  # what the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: fed directly, as bench/scorer_latency does
-    placement = Placement(cache, DEFAULT_PRIOR, 20)
+    placement = Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_resources != "off",
+                          per_class=host_resources == "mix")
     warm(placement)  # as the cache's relist does
     respond = responder(placement)  # scoring and the reply's JSON, as the server per call
-    cpu, wall = [], []
+    cpu, wall, cpu_only_cpu = [], [], []
     for k in range(calls):
+        if cpu_only and rng.random() < cpu_only:
+            c0 = time.thread_time()
+            respond({"Pod": cpu_only_pod(rng, k), "NodeNames": names})
+            cpu_only_cpu.append(time.thread_time() - c0)
+            cpu.append(cpu_only_cpu[-1])
+            continue
         count, fallback = rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3
         st.set_claim(claim(f"scale-p{k}", spec(count, fallback)))
         args = {"Pod": {"metadata": {"name": f"pod{k}", "namespace": "ns"},
@@ -413,7 +424,9 @@ def run_scorer(lc: localcluster.Cluster, calls: int, seed: int) -> dict[str, Any
             "wall_p50_ms": pct(wall, 0.5) * ms, "wall_p99_ms": pct(wall, 0.99) * ms,
             "view_mib": view_bytes / 2**20, "lists_mib": lists_bytes / 2**20, "shapes": st.sizes().get("shapes"),
             "node_states": len(placement.states.states.states),
-            "memo_entries": len(placement.scorer._place) + len(placement.scorer._unusable)}
+            "memo_entries": len(placement.scorer._place) + len(placement.scorer._unusable),
+            "host_resources": host_resources, "cpu_only_calls": len(cpu_only_cpu),
+            "cpu_only_cpu_p99_ms": pct(cpu_only_cpu, 0.99) * ms if cpu_only_cpu else math.nan}
 
 
 class CountingKube(Kube):
@@ -543,7 +556,8 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
                 if "controller" in rows:
                     out["controller"] = run_controller(lc)
                 if "scorer" in rows:
-                    out["scorer"] = run_scorer(lc, args.scorer_calls, args.seed)
+                    out["scorer"] = run_scorer(lc, args.scorer_calls, args.seed, args.scorer_host_resources,
+                                               args.scorer_cpu_only)
                 if "publisher" in rows:
                     out["publisher"] = run_publisher(lc, sub_cluster, n, args.publisher_window)
                 log(f"{n} nodes: rows {', '.join(cluster_rows)} in {time.monotonic() - t0:.0f}s: "
@@ -654,6 +668,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--inventory-baseline", type=Path, default=None,
                    help="a checkout whose driver/ also runs each inventory variant, interleaved (*_baseline_s)")
     p.add_argument("--scorer-calls", type=int, default=300)
+    p.add_argument("--scorer-host-resources", choices=["on", "off", "mix"], default="on",
+                   help="the scorer row's --host-resources (default on, the scorer's default)")
+    p.add_argument("--scorer-cpu-only", type=float, default=0.0,
+                   help="share of the scorer row's calls for pods without claims (issue 34; default 0)")
     p.add_argument("--publisher-window", type=float, default=60.0, help="seconds of steady state counted")
     p.add_argument("--scheduler-qps", type=int, default=500)
     p.add_argument("--scheduler-pods", type=int, default=512,

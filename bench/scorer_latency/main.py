@@ -167,16 +167,30 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+# Pods without claims (issue 34, ``--host-resources mix``): the trace's CPU-only task sizes, roughly
+# (openb_pod_list_default.csv: CPU-only tasks ask 1-32 CPUs, 2-64Gi).
+CPU_ONLY_SHAPES = tuple((c, m) for c in ("1", "2", "4", "8", "16", "32") for m in ("4Gi", "16Gi", "64Gi"))
+
+
+def cpu_only_pod(rng: random.Random, k: int) -> Obj:
+    """A pod without claims of one of ``CPU_ONLY_SHAPES``."""
+    cpu, mem = rng.choice(CPU_ONLY_SHAPES)
+    return {"metadata": {"name": f"cpu-pod{k}", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}}
+
+
 def run_once(nodes: int, calls: int, seed: int, cluster: Path | None = None, host_aware: bool = True,
-             pods_per_node: int = 0, by_state: bool = True, profile: Path | None = None) -> dict[str, Any]:
+             pods_per_node: int = 0, by_state: bool = True, profile: Path | None = None,
+             per_class: bool = False, cpu_only: float = 0.0) -> dict[str, Any]:
     st, rng = build(nodes, seed) if cluster is None else build_cluster(cluster, nodes, seed, pods_per_node)
     names = sorted(st.nodes)
     st.warm_views()
     settle_heap()  # both as the cache does after its relist
     cache = Cache(Kube.__new__(Kube), st)  # never started: the view is fed directly
-    placement = Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=by_state)
+    placement = Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=by_state, per_class=per_class)
     warm(placement)
     prof = None
+    cpu_only_cpu: list[float] = []  # the calls for pods without claims, apart
     if profile is not None:
         import cProfile
 
@@ -191,6 +205,13 @@ def run_once(nodes: int, calls: int, seed: int, cluster: Path | None = None, hos
     cold = 0.0
     try:
         for k in range(calls):
+            if cpu_only and rng.random() < cpu_only:  # a pod without claims: scored, not bound
+                args = {"Pod": cpu_only_pod(rng, k), "NodeNames": names}
+                c0 = time.thread_time()
+                respond(args)
+                cpu_only_cpu.append(time.thread_time() - c0)
+                inproc_cpu.append(cpu_only_cpu[-1])
+                continue
             count, fallback = rng.choices(SIZES, SIZE_P)[0], rng.random() < 0.3
             pending = claim(f"p{k}", spec(count, fallback))
             st.set_claim(pending)
@@ -235,7 +256,10 @@ def run_once(nodes: int, calls: int, seed: int, cluster: Path | None = None, hos
             "inproc_p50_ms": pct(inproc, 0.5) * ms, "inproc_p99_ms": pct(inproc, 0.99) * ms,
             "inproc_cpu_p50_ms": pct(inproc_cpu, 0.5) * ms, "inproc_cpu_p99_ms": pct(inproc_cpu, 0.99) * ms,
             "http_p50_ms": pct(over_http, 0.5) * ms, "http_p99_ms": pct(over_http, 0.99) * ms,
-            "http_max_ms": max(over_http) * ms, "shapes": st.sizes()["shapes"]}
+            "http_max_ms": max(over_http) * ms, "shapes": st.sizes()["shapes"],
+            "per_class": per_class, "cpu_only_calls": len(cpu_only_cpu),
+            "cpu_only_cpu_p50_ms": pct(cpu_only_cpu, 0.5) * ms if cpu_only_cpu else None,
+            "cpu_only_cpu_p99_ms": pct(cpu_only_cpu, 0.99) * ms if cpu_only_cpu else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,18 +270,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--cluster", type=Path, default=None,
                    help="take the nodes from this cluster file (e.g. hack/clusters/superpod-16k.yaml)")
-    p.add_argument("--host-resources", choices=["on", "off"], default="on",
+    p.add_argument("--host-resources", choices=["on", "off", "mix"], default="on",
                    help="the scorer's CPU/memory-aware scoring (default on, as the scorer's flag)")
+    p.add_argument("--cpu-only", type=float, default=0.0,
+                   help="share of calls for pods without claims (issue 34; scored with --host-resources mix; "
+                        "their thread CPU also apart, cpu_only_cpu_p99_ms)")
     p.add_argument("--pods-per-node", type=int, default=0, help="with --cluster: bound CPU-only pods per node")
     p.add_argument("--per-node", action="store_true", help="the per-node path (by_state=False)")
     p.add_argument("--profile", type=Path, default=None, help="cProfile the calls of the first run into FILE")
     args = p.parse_args(argv)
     if args.pods_per_node < 0 or (args.pods_per_node and args.cluster is None):
         p.error("--pods-per-node must be >= 0 and needs --cluster")
+    if not 0.0 <= args.cpu_only <= 1.0:
+        p.error("--cpu-only must be between 0 and 1")
     out: dict[str, Any] = {"bench": "scorer_latency", "runs": []}
     for n in (int(x) for x in args.nodes.split(",")):
-        rows = [run_once(n, args.calls, seed, args.cluster, args.host_resources == "on", args.pods_per_node,
-                         not args.per_node, args.profile if seed == 0 else None) for seed in range(args.runs)]
+        rows = [run_once(n, args.calls, seed, args.cluster, args.host_resources != "off", args.pods_per_node,
+                         not args.per_node, args.profile if seed == 0 else None, args.host_resources == "mix",
+                         args.cpu_only) for seed in range(args.runs)]
         out["runs"] += rows
         summary = {k: statistics.median(r[k] for r in rows)
                    for k in ("inproc_p50_ms", "inproc_p99_ms", "inproc_cpu_p50_ms", "inproc_cpu_p99_ms",
@@ -270,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {summary['http_p99_ms']:.2f} ms (runs {spread['http_p99_ms']}); "
               f"in-process p50 {summary['inproc_p50_ms']:.2f} p99 {summary['inproc_p99_ms']:.2f} ms "
               f"(CPU p50 {summary['inproc_cpu_p50_ms']:.2f} p99 {summary['inproc_cpu_p99_ms']:.2f} ms); "
-              f"first call {summary['cold_ms']:.1f} ms", flush=True)
+              f"first call {summary['cold_ms']:.1f} ms"
+              + (f"; pods without claims: CPU p99 {statistics.median(r['cpu_only_cpu_p99_ms'] for r in rows):.2f} ms"
+                 if args.cpu_only else ""), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")

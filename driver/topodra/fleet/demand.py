@@ -166,3 +166,14 @@ def pod_tolerance(demands: tuple[Demand, ...] | list[Demand]) -> Tolerance:
     else:
         return ()
     return tuple(a.tolerations for d in demands for r in d.requests for a in r.alternatives)
+
+
+def demand_gpus(demand: Demand) -> int:
+    """GPUs one placement of the demand takes: each request's first (preferred) alternative, summed;
+    0 when a request takes all matching devices (its size is not known up front)."""
+    total = 0
+    for r in demand.requests:
+        if not r.alternatives or r.alternatives[0].count == 0:
+            return 0
+        total += r.alternatives[0].count
+    return total

@@ -10,6 +10,13 @@ min(floor(c / (k * cpu_share)), floor(r / (k * mem_share))) placements, whatever
     F_n(m) = free GPUs - min(free GPUs - unusable_gpu(n, m), k * that many placements)
 
 With no share (a pod without requests) or an unknown allocatable this is plain FGD (``fleet.fgd``).
+
+Issue 34 (``--host-resources mix``): one share for every class made breaking a whole server free for a CPU-heavy
+pod (an 8-GPU class at 24 CPUs per GPU fits no 96-CPU server, so its fragments there do not change). With
+``HostJob.observed`` each class is judged with its own share instead (``fleet.shares.share_for``: the pod's own
+for its own size, what the cluster's pods of size k asked for otherwise), so a whole server with the CPU an
+8-GPU pod asks for has no 8-GPU fragments until a pod breaks it, and a pod without GPUs is scored by the GPUs
+its CPU and memory strand (``capped_by_class``).
 """
 
 from __future__ import annotations
@@ -18,21 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topodra.fleet.allocator import free_gpus
-from topodra.fleet.demand import Demand
+from topodra.fleet.demand import Demand, demand_gpus
 from topodra.fleet.fgd import Fragmentation
 from topodra.fleet.hostres import Share, host_gpu_limit
+from topodra.fleet.shares import Shares, share_for
 from topodra.fleet.state import NodeView
 
-
-def class_gpus(demand: Demand) -> int:
-    """GPUs one placement of the class takes: each request's first (preferred) alternative, summed;
-    0 when a request takes all matching devices (its size is not known up front)."""
-    total = 0
-    for r in demand.requests:
-        if not r.alternatives or r.alternatives[0].count == 0:
-            return 0
-        total += r.alternatives[0].count
-    return total
+class_gpus = demand_gpus  # GPUs one placement of a request class takes (``fleet.demand.demand_gpus``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +58,19 @@ class HostJob:
 
     pod_cpu: int  # millicores
     pod_memory: int  # bytes
-    share: Share | None  # per-GPU share of the pod's class; None: not asked
+    share: Share | None  # per-GPU share of the pod's class; None: not asked (or a pod without GPUs)
+    # Issue 34: per pod size, the share the cluster's GPU pods asked for (``fleet.shares``); non-empty: each
+    # class is capped with its own share (``class_shares``), not the pod's alone. ``gpus``: the pod's GPUs.
+    observed: Shares = ()
+    gpus: int = 0
+    per_class: bool = False  # judge each class with its own share (``--host-resources mix``)
+
+    def class_shares(self, ks: Sequence[int], fair: Share | None = None) -> tuple[Share | None, ...]:
+        """The share each class (``ks``: GPUs per placement) is capped with; ``fair``: the node's allocatable per
+        GPU, for sizes not seen yet."""
+        if not self.per_class:
+            return tuple(self.share for _k in ks)
+        return tuple(share_for(k, self.gpus, self.share, self.observed, fair) for k in ks)
 
     def on(self, cpu_free: int, memory_free: int) -> HostFit:
         return HostFit(cpu_free=cpu_free, memory_free=memory_free, pod_cpu=self.pod_cpu,
@@ -105,3 +116,49 @@ def host_fragmentation(frag: Fragmentation, view: NodeView, used: frozenset[int]
         u = frag.unusable_of(view, used, i, demand)
         total += p * capped_unusable(free, u, class_gpus(demand), cpu_free, memory_free, share)
     return total
+
+
+def capped_by_class(free: int, unusable_gpu: Sequence[int], ks: Sequence[int], cpu_free: int, memory_free: int,
+                    shares: Sequence[Share | None]) -> tuple[int, ...]:
+    """``capped_unusable`` of several classes, each with its own share (None: that class by GPUs only)."""
+    limits: dict[tuple[int, Share], int] = {}
+    out = []
+    for u, k, share in zip(unusable_gpu, ks, shares, strict=True):
+        if share is None or k <= 0:
+            out.append(u)
+            continue
+        lim = limits.get((k, share))
+        if lim is None:
+            lim = limits[(k, share)] = min(host_gpu_limit(cpu_free, memory_free, share, k))
+        out.append(free - max(0, min(free - u, lim)))
+    return tuple(out)
+
+
+SharePlan = tuple[tuple[tuple[int, Share], ...], tuple[int, ...]]  # distinct (k, share) groups; per class its group
+
+
+def share_plan(ks: Sequence[int], shares: Sequence[Share | None]) -> SharePlan:
+    """``capped_by_class``'s grouping worked out once: the distinct (GPUs per placement, share) pairs, and per class
+    the index of its pair (-1: the class is not capped)."""
+    groups: list[tuple[int, Share]] = []
+    index: dict[tuple[int, Share], int] = {}
+    of_class = []
+    for k, share in zip(ks, shares, strict=True):
+        if share is None or k <= 0:
+            of_class.append(-1)
+            continue
+        g = index.get((k, share))
+        if g is None:
+            g = index[(k, share)] = len(groups)
+            groups.append((k, share))
+        of_class.append(g)
+    return tuple(groups), tuple(of_class)
+
+
+def capped_by_plan(free: int, unusable_gpu: Sequence[int], cpu_free: int, memory_free: int,
+                   plan: SharePlan) -> tuple[int, ...]:
+    """``capped_by_class`` with the grouping of ``share_plan`` (same result; one host limit per group)."""
+    groups, of_class = plan
+    limits = [min(host_gpu_limit(cpu_free, memory_free, share, k)) for k, share in groups]
+    return tuple(u if g < 0 else free - max(0, min(free - u, limits[g]))
+                 for u, g in zip(unusable_gpu, of_class, strict=True))

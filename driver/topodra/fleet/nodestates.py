@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from topodra.fleet.hostres import Share
 from topodra.fleet.state import ClusterState, NodeView
 
 
@@ -26,6 +27,9 @@ class NodeState:
     used: frozenset[int]
     room: tuple[int, int] | None  # (free CPU millicores, free memory bytes); None: allocatable unknown
     gpu_state: int  # the id of (shape, used) alone, for scoring without CPU/memory
+    # The node's allocatable CPU and memory per GPU: the share a request class is judged with before pods of
+    # its size were seen (issue 34, ``fleet.shares.share_for``); None: allocatable unknown.
+    fair: Share | None = None
 
 
 class NodeStates:
@@ -39,7 +43,7 @@ class NodeStates:
         self.gpu_of: dict[str, int] = {}  # node -> id of (shape, used)
         self.states: list[NodeState] = []
         self.gpu_rep: list[int] = []  # gpu state id -> the id of a state that has it
-        self._ids: dict[tuple[int, frozenset[int], tuple[int, int] | None], int] = {}
+        self._ids: dict[tuple[int, frozenset[int], tuple[int, int] | None, Share | None], int] = {}
         self._gpu_ids: dict[tuple[int, frozenset[int]], int] = {}
         self._mark = -1
 
@@ -90,14 +94,15 @@ class NodeStates:
     def _ids_for(self, node: str, view: NodeView, used: frozenset[int]) -> tuple[int, int]:
         got = self.state.hosts.room(node)
         room = None if got is None else (got.cpu_free, got.memory_free)
+        fair = None if got is None else Share.of(got.cpu_alloc, got.memory_alloc, view.gpus)
         gkey = (view.shape, used)
         gid = self._gpu_ids.get(gkey)
         if gid is None:
             gid = self._gpu_ids[gkey] = len(self.gpu_rep)
             self.gpu_rep.append(len(self.states))  # the state made just below, when it is new
-        key = (view.shape, used, room)
+        key = (view.shape, used, room, fair)
         sid = self._ids.get(key)
         if sid is None:
             sid = self._ids[key] = len(self.states)
-            self.states.append(NodeState(view=view, used=used, room=room, gpu_state=gid))
+            self.states.append(NodeState(view=view, used=used, room=room, gpu_state=gid, fair=fair))
         return sid, gid

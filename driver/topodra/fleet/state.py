@@ -35,10 +35,11 @@ from typing import Any, Protocol
 
 from topodra.fleet.allocations import allocated_keys
 from topodra.fleet.cel import Selector, qualified_capacity, recognise
-from topodra.fleet.demand import Demand, DemandError, parse_demand
+from topodra.fleet.demand import Demand, DemandError, demand_gpus, parse_demand
 from topodra.fleet.hostres import HostResources, PodRecord
 from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
+from topodra.fleet.shares import ObservedShares
 from topodra.fleet.taints import (
     BLOCKING_EFFECTS,
     Taint,
@@ -236,6 +237,8 @@ class ClusterState:
         self._views: dict[str, NodeView] = {}
         self._shapes: dict[tuple[Any, ...], int] = {}
         self.hosts = HostResources()  # nodes' allocatable CPU/memory and bound pods' requests
+        # CPU and memory per GPU that bound GPU pods of each size asked for (fleet.shares; issue 34)
+        self.shares = ObservedShares(window)
         # Nodes whose view, unavailable devices, labels or free CPU/memory changed, in order; change
         # number ``_journal_base + k`` is ``_journal[k]``. "Everything changed" empties it past the base.
         self._journal: list[str] = []
@@ -388,7 +391,37 @@ class ClusterState:
         key = (str(meta.get("namespace") or "default"), str(meta.get("name", "")))
         old = self.hosts.pods.get(key)
         self.hosts.set_pod(obj)
-        self._pod_moved(old, self.hosts.pods.get(key))
+        new = self.hosts.pods.get(key)
+        self._pod_moved(old, new)
+        if new is not None and new.node:
+            self._observe_share(obj, new)
+
+    def _observe_share(self, pod: Obj, rec: PodRecord) -> None:
+        """Count a bound pod's per-GPU CPU and memory in ``shares`` once, when all its claims are known."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid or self.shares.seen(uid):
+            return
+        gpus = self.pod_gpus(pod)
+        if gpus:
+            self.shares.add(uid, gpus, rec.cpu_milli, rec.memory_bytes)
+
+    def pod_gpus(self, pod: Obj) -> int:
+        """GPUs of the driver the pod's claims ask for, allocated or not (``demand_gpus`` of each); 0 when a
+        claim is unknown or its size is not (allocationMode All, an unreadable spec)."""
+        ns = str((pod.get("metadata") or {}).get("namespace") or "default")
+        generated = {s.get("name"): s.get("resourceClaimName")
+                     for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or [])}
+        total = 0
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            name = ref.get("resourceClaimName") or generated.get(ref.get("name"))
+            info = self.claims.get((ns, str(name))) if name else None
+            if info is None or info.demand is None:
+                return 0
+            k = demand_gpus(info.demand)
+            if not k:
+                return 0
+            total += k
+        return total
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.pods.delete_pod(namespace, name)

@@ -27,7 +27,7 @@ from itertools import repeat
 from topodra.fleet.allocator import Rank, free_gpus
 from topodra.fleet.demand import Demand
 from topodra.fleet.fgd import Mix
-from topodra.fleet.hostfrag import HostJob, capped_vector, class_gpus
+from topodra.fleet.hostfrag import HostJob, SharePlan, capped_by_plan, capped_vector, class_gpus, share_plan
 from topodra.fleet.hostres import Share
 from topodra.fleet.nodestates import NodeStates
 from topodra.fleet.state import NodeView
@@ -37,6 +37,10 @@ from topodra.placement.score import BEST_FIT_WEIGHT, MAX_SCORE, Scorer
 Entry = tuple[Rank, int, int, float] | None
 JobKey = tuple[tuple[Demand, ...], HostJob | None, tuple[int, ...]]  # demands, host job, class ids (sorted)
 _MISSING: Entry = ((-1,), -1, -1, 0.0)
+NO_GPUS = -1  # pseudo state of a node without the driver's devices, for a pod without GPUs (issue 34)
+# A pod without GPUs, between nodes it strands nothing on: a node whose GPUs are all in use still frees them
+# later, so one without GPUs comes first (a tie-break below BEST_FIT_WEIGHT per free GPU).
+CPU_ONLY_GPU_WEIGHT = 1e-5
 
 
 class StateScorer:
@@ -53,8 +57,9 @@ class StateScorer:
         self._vector_ids: dict[tuple[int, ...], int] = {}
         self._vectors: list[tuple[int, ...]] = []
         self._raw: dict[tuple[int, frozenset[int], tuple[int, ...]], tuple[int, ...]] = {}
-        self._before: dict[tuple[int, Share | None, tuple[int, ...]], int] = {}
+        self._before: dict[tuple[int, Share | None, int, tuple[object, ...], tuple[int, ...]], int] = {}
         self._ks: dict[tuple[int, ...], tuple[int, ...]] = {}  # class ids -> GPUs per placement of each
+        self._plans: dict[tuple[object, ...], SharePlan] = {}  # per-class shares, grouped (hostfrag.share_plan)
         self._valid_for = (-1, -1)  # (states.epoch, scorer.generation) the ids above belong to
 
     def _check(self) -> None:
@@ -66,6 +71,7 @@ class StateScorer:
             self._raw.clear()
             self._before.clear()
             self._ks.clear()
+            self._plans.clear()
             self._count = 0
             self._valid_for = (self.states.epoch, self.scorer.generation)
 
@@ -82,8 +88,9 @@ class StateScorer:
         CPU/memory for CPU/memory-aware scoring (None: GPUs only); ``unavailable``: nodes where the pod meets
         other unavailable devices than an ordinary claim (its tolerations), scored as the state with those."""
         self.scorer._trim()
-        if not demands:
-            return [0] * len(names)
+        cpu_only = not demands
+        if cpu_only and (job is None or not job.per_class):
+            return [0] * len(names)  # nothing of ours and no per-class rule: no opinion
         self.states.sync()
         self._check()
         key = tuple(demands)
@@ -96,7 +103,15 @@ class StateScorer:
         table = self.states.of if job is not None else self.states.gpu_of
         ids_of_classes = tuple(c[0] for c in canon)
         entries = self._entries.setdefault((key, job, ids_of_classes), {})
-        ids = list(map(table.get, names))  # None: the node publishes none of our devices (score 0)
+        ids: list[int | None] = list(map(table.get, names))  # None: the node publishes none of our devices (0)
+        if cpu_only and None in ids:  # issue 34: a node without our devices strands no GPU where the pod fits
+            hosts = self.states.state.hosts
+            assert job is not None
+            for pos, (name, s) in enumerate(zip(names, ids, strict=True)):
+                if s is None:
+                    room = hosts.room(name)
+                    fits = room is None or (job.pod_cpu <= room.cpu_free and job.pod_memory <= room.memory_free)
+                    ids[pos] = NO_GPUS if fits else None
         if unavailable:
             for pos, name in enumerate(names):
                 own = unavailable.get(name)
@@ -118,6 +133,9 @@ class StateScorer:
         costs: dict[int, tuple[Rank, float]] = {}
         for s in set(ids):
             if s is None:
+                continue
+            if s == NO_GPUS:
+                costs[s] = ((), 0.0)
                 continue
             e = entries.get(s, _MISSING)
             if e is _MISSING:
@@ -160,17 +178,36 @@ class StateScorer:
         room = st.room if job is not None else None
         if room is not None and job is not None and (job.pod_cpu > room[0] or job.pod_memory > room[1]):
             return None  # HostFit.fits: the pod's own CPU or memory does not fit
-        got = self.scorer.placement(view, used, demands, b"")
+        got = self.scorer.placement(view, used, demands, b"") if demands else (used, ())
         if got is None:
             return None
         after, rank = got
         free_after = free_gpus(view, after)
         raw_after = self._raw_vector(view, after, classes, ids)
+        # A pod without GPUs: among nodes it strands nothing on, fewer free GPUs first, then fewer GPUs at all
+        # (a node without GPUs, ``NO_GPUS``, costs 0).
+        best_fit = BEST_FIT_WEIGHT * free_after + (0.0 if demands else CPU_ONLY_GPU_WEIGHT * view.gpus)
+        if room is not None and job is not None and job.per_class:
+            ks = self._ks.get(ids)
+            if ks is None:
+                ks = self._ks[ids] = tuple(class_gpus(d) for _i, d, _p in classes)
+            pkey = (ids, job.share, job.gpus, job.observed, st.fair)
+            plan = self._plans.get(pkey)
+            if plan is None:
+                plan = self._plans[pkey] = share_plan(ks, job.class_shares(ks, st.fair))
+            bkey2 = (s, job.share, job.gpus, job.observed, ids)
+            before = self._before.get(bkey2)
+            if before is None:
+                before = self._before[bkey2] = self._vector(capped_by_plan(
+                    free_gpus(view, used), self._raw_vector(view, used, classes, ids), room[0], room[1], plan))
+            after_id = self._vector(capped_by_plan(free_after, raw_after, room[0] - job.pod_cpu,
+                                                   room[1] - job.pod_memory, plan))
+            return rank, before, after_id, best_fit
         if room is not None and job is not None:
             ks = self._ks.get(ids)
             if ks is None:
                 ks = self._ks[ids] = tuple(class_gpus(d) for _i, d, _p in classes)
-            bkey = (s, job.share, ids)
+            bkey = (s, job.share, 0, (), ids)
             before = self._before.get(bkey)
             if before is None:
                 before = self._before[bkey] = self._vector(capped_vector(
@@ -181,4 +218,4 @@ class StateScorer:
         else:
             before = self._vector(self._raw_vector(view, used, classes, ids))
             after_id = self._vector(raw_after)
-        return rank, before, after_id, BEST_FIT_WEIGHT * free_after
+        return rank, before, after_id, best_fit

@@ -14,15 +14,21 @@ from typing import Any
 from topodra.fleet.demand import Demand
 from topodra.fleet.hostfrag import HostFit, HostJob, class_gpus
 from topodra.fleet.hostres import Share, pod_requests
+from topodra.fleet.shares import Shares
 from topodra.fleet.state import ClusterState
 
 
-def host_job(pod: dict[str, Any], demands: Sequence[Demand]) -> HostJob:
-    """The pod's CPU and memory request and its per-GPU share (None when a claim's GPU count is unknown)."""
+def host_job(pod: dict[str, Any], demands: Sequence[Demand], observed: Shares | None = None) -> HostJob:
+    """The pod's CPU and memory request and its per-GPU share (None when a claim's GPU count is unknown, or
+    the pod has no claims of ours). ``observed``: the cluster's shares by pod size (``fleet.shares``), for
+    judging each class with its own share (issue 34, ``--host-resources mix``); None: the pod's share for all."""
     cpu, mem = pod_requests(pod)
     gpus = sum(class_gpus(d) for d in demands)
     share = Share.of(cpu, mem, gpus) if all(class_gpus(d) for d in demands) else None
-    return HostJob(pod_cpu=cpu, pod_memory=mem, share=share)
+    if observed is None:
+        return HostJob(pod_cpu=cpu, pod_memory=mem, share=share)
+    return HostJob(pod_cpu=cpu, pod_memory=mem, share=share, observed=observed, gpus=gpus if share else 0,
+                   per_class=True)
 
 
 def host_fits(state: ClusterState, pod: dict[str, Any], demands: Sequence[Demand],

@@ -47,9 +47,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
                    help="/healthz and /readyz fail once a watched kind's list/watch has failed for this long "
                         "(default 60)")
-    p.add_argument("--host-resources", choices=["on", "off"], default="on",
+    p.add_argument("--host-resources", choices=["on", "off", "mix"], default="on",
                    help="count nodes' free CPU and memory: GPUs a job class cannot use for lack of them are "
-                        "fragments, and a node without room for the pod scores 0 (default on)")
+                        "fragments, and a node without room for the pod scores 0 (default on: every class "
+                        "judged with the scored pod's CPU and memory per GPU); mix: each class with what the "
+                        "cluster's pods of its size ask for, and pods without claims scored too (nodes where "
+                        "their CPU and memory strand the fewest GPUs first)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
             placement.warm(kind)
 
     cache = Cache(kube, ClusterState(args.driver, window=args.window), on_relist=relisted)
-    placement = Placement(cache, prior, args.prior_weight, host_aware=args.host_resources == "on",
+    placement = Placement(cache, prior, args.prior_weight, host_aware=args.host_resources != "off",
+                          per_class=args.host_resources == "mix",
                           stale_after=args.stale_after)
     try:
         server = Server(placement, host, port)

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from topodra.fleet.demand import pod_tolerance
 from topodra.fleet.domains import Candidate
 from topodra.fleet.fgd import Mix, make_mix
+from topodra.fleet.hostfrag import HostJob
 from topodra.fleet.nodestates import NodeStates
 from topodra.fleet.pods import pod_group_name
 from topodra.fleet.reserve import NO_STEER, steering
@@ -92,10 +93,13 @@ class Placement:
 
     def __init__(self, cache: Cache, prior: Mapping[int, float], prior_weight: float,
                  registry: CollectorRegistry | None = None, host_aware: bool = True, by_state: bool = True,
-                 stale_after: float = 60.0) -> None:
+                 stale_after: float = 60.0, per_class: bool = False) -> None:
         self.cache = cache
         self.stale_after = stale_after  # /healthz fails once a watched kind has been failing this long
         self.host_aware = host_aware  # count nodes' free CPU and memory (fleet.hostfrag)
+        # Issue 34 (``--host-resources mix``): each request class capped with its own share (fleet.shares), and
+        # pods without claims scored by the GPUs their CPU and memory strand (placement.bystate).
+        self.per_class = host_aware and per_class
         self.prior = dict(prior)
         self.prior_weight = prior_weight
         self.scorer = Scorer()
@@ -176,7 +180,10 @@ class Placement:
                 self._mix = ((state.mix_version, known), mix)
             mix = self._mix[1]
             by_state = self.by_state and not any(d.has_selectors for d in demands)
-            job = host_job(pod, demands) if by_state and self.host_aware and demands else None
+            if by_state and self.per_class:  # issue 34: each class its own share; pods without GPUs scored too
+                job: HostJob | None = host_job(pod, demands, state.shares.shares())
+            else:
+                job = host_job(pod, demands) if by_state and self.host_aware and demands else None
             if by_state and not pod_group_name(pod):
                 self.gangs.last = None
                 scores = self.states.score(names, demands, mix, job, own)

@@ -117,3 +117,38 @@ def test_profiles_carry_the_dgx_allocatable() -> None:
     assert profile_allocatable("dgx-h200") == ("224", "2Ti")
     assert profile_allocatable("dgx-a100-80gb") == ("256", "2Ti")
     assert profile_allocatable("l4") == ("128", "2Ti")  # no hostMemory: the old default
+
+
+NODES = """sn,cpu_milli,memory_mib,gpu,model
+n0,32000,262144,0,
+n1,32000,262144,0,
+n2,32000,262144,0,
+n3,96000,524288,0,
+n4,96000,393216,8,G2
+n5,96000,393216,8,G2
+n6,96000,393216,8,G2
+n7,96000,393216,8,G2
+"""
+
+
+def test_cpu_node_group_keeps_the_trace_proportion_and_shapes(tmp_path: Path) -> None:
+    f = tmp_path / "openb_node_list_all_node.csv"
+    f.write_text(NODES)
+    # 4 CPU-only nodes per 4 GPU nodes: 8 GPU servers get 8, three of every four the most common shape.
+    assert shapes.cpu_node_group(f, 8) == [("32000m", "262144Mi")] * 6 + [("96000m", "524288Mi")] * 2
+    assert shapes.cpu_node_group(f, 3) == [("32000m", "262144Mi")] * 2 + [("96000m", "524288Mi")]
+    assert shapes.cpu_node_group(f, 0) == []
+    (tmp_path / "gpus-only.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn4,96000,393216,8,G2\n")
+    with pytest.raises(pm.WorkloadError, match="CPU-only"):
+        shapes.cpu_node_group(tmp_path / "gpus-only.csv", 8)
+    with pytest.raises(pm.WorkloadError, match="node list"):
+        shapes.cpu_node_group(write(tmp_path)[0], 8)  # a pod list
+
+
+def test_servers_with_8_free_gpus_and_waits_of_jobs_still_waiting() -> None:
+    assert pm.whole_free_servers({"a": 8, "b": 7, "c": 0, "d": 8}) == 2
+    states = [pm.JobState(pm.Job(id=0, arrival=0.0, duration=10.0, gpus=8, prefs="any"), submitted=True, start=20.0),
+              pm.JobState(pm.Job(id=1, arrival=5.0, duration=10.0, gpus=8, prefs="any"), submitted=True),
+              pm.JobState(pm.Job(id=2, arrival=500.0, duration=10.0, gpus=8, prefs="any"))]  # not arrived
+    got = pm.waits_all_p95(states, 105.0)
+    assert got["8"] == pytest.approx(20 + 0.95 * (100 - 20))  # the waiting job counts 100 s so far
