@@ -25,17 +25,28 @@ PYTHON = "/opt/topodra/bin/python3"  # the tree's stand-in, as the daemon pod na
 # A client of the daemon, speaking the stand-in's pipe protocol (as mockmps and mps.c do): a reply FIFO named
 # relative to the pipe directory, the command on the control FIFO, the answer read back. Prints "ANSWER <json>".
 ASK = r"""
-import json, os, signal, sys
+import json, os, select, signal, sys
 signal.alarm(20)
 pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
 name = f"reply.kindtest.{os.getpid()}"
 os.mkfifo(os.path.join(pipe, name), 0o600)
 try:
+    # The reader first: the daemon opens the reply non-blocking and drops an answer nobody reads (mps.c serve).
+    rfd = os.open(os.path.join(pipe, name), os.O_RDONLY | os.O_NONBLOCK)
     fd = os.open(os.path.join(pipe, "control"), os.O_WRONLY | os.O_NONBLOCK)
     os.write(fd, f"{name} {' '.join(sys.argv[1:])}\n".encode())
     os.close(fd)
-    with open(os.path.join(pipe, name)) as f:
-        print("ANSWER " + json.dumps(f.read()), flush=True)
+    got = b""
+    while True:
+        select.select([rfd], [], [])
+        try:
+            chunk = os.read(rfd, 4096)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        got += chunk
+    print("ANSWER " + json.dumps(got.decode()), flush=True)
 finally:
     os.unlink(os.path.join(pipe, name))
 """

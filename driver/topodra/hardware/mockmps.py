@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import sys
 import time
 
@@ -142,6 +143,29 @@ def foreground() -> int:
     return 0
 
 
+def _ask(control_fd: int, reply: str, line: str) -> str:
+    """Send one command and read its answer, as the C stand-in's client does (hack/nvml-standin/mps.c): the reply
+    FIFO is opened for reading before the command goes out, so a daemon that opens it non-blocking finds a reader;
+    select reports it readable once the daemon has written and closed (Linux: a FIFO reader sees EOF only after a
+    writer came and went)."""
+    rfd = os.open(reply, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.write(control_fd, f"{os.path.basename(reply)} {line}\n".encode())
+        os.close(control_fd)
+        chunks: list[bytes] = []
+        while True:
+            select.select([rfd], [], [])
+            try:
+                chunk = os.read(rfd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return b"".join(chunks).decode()
+            chunks.append(chunk)
+    finally:
+        os.close(rfd)
+
+
 def client() -> int:
     pipe, _ = _dirs()
     for n, line in enumerate(raw.strip() for raw in sys.stdin):
@@ -159,10 +183,7 @@ def client() -> int:
             os.unlink(reply)
         os.mkfifo(reply, 0o600)
         try:
-            os.write(fd, f"{os.path.basename(reply)} {line}\n".encode())
-            os.close(fd)
-            with open(reply) as f:  # blocks until the daemon answers
-                sys.stdout.write(f.read())
+            sys.stdout.write(_ask(fd, reply, line))
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(reply)
