@@ -90,20 +90,15 @@ def _nic_labels(node: str, s: NicSeries, port: str) -> list[str]:
 def families(node: str, snap: Snapshot) -> list[Metric]:
     """The snapshot as metric families (pure)."""
     out: list[Metric] = []
-    for name, (attr, help_) in GPU_GAUGES.items():
-        g = GaugeMetricFamily(name, help_, labels=GPU_LABELS)
-        for s in snap.gpus:
-            v = getattr(s.reading, attr)
-            if v is not None:
-                g.add_metric(_gpu_labels(node, s), float(v))
-        out.append(g)
-    for name, (attr, help_) in GPU_COUNTERS.items():
-        c = CounterMetricFamily(name, help_, labels=GPU_LABELS)
-        for s in snap.gpus:
-            v = getattr(s.reading, attr)
-            if v is not None:
-                c.add_metric(_gpu_labels(node, s), float(v))
-        out.append(c)
+    per_gpu = [(GaugeMetricFamily, GPU_GAUGES), (CounterMetricFamily, GPU_COUNTERS)]
+    for family, readings in per_gpu:
+        for name, (attr, help_) in readings.items():
+            f = family(name, help_, labels=GPU_LABELS)
+            for s in snap.gpus:
+                v = getattr(s.reading, attr)
+                if v is not None:
+                    f.add_metric(_gpu_labels(node, s), float(v))
+            out.append(f)
     ecc = CounterMetricFamily("topodra_gpu_ecc_errors", "ECC errors since the driver loaded "
                               "(nvmlDeviceGetTotalEccErrors, volatile counts).", labels=(*GPU_LABELS, "type"))
     for s in snap.gpus:
