@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -64,6 +65,28 @@ class PrometheusProcess:
         assert body["status"] == "success", body
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
+
+    def evaluate(self, expr: str) -> tuple[list[dict[str, Any]] | None, str]:
+        """An instant query that reports instead of raising: (result, "") or (None, Prometheus's error, e.g. a
+        parse error's 400 body)."""
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            return None, f"{e.code}: {e.read().decode(errors='replace')}"
+        if body.get("status") != "success":
+            return None, str(body)
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result, ""
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        """Grafana's ``label_values(match, label)``, through the HTTP API's label values endpoint."""
+        q = urllib.parse.urlencode({"match[]": match})
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/label/{label}/values?{q}", timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return [str(v) for v in body["data"]]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

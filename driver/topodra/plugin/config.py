@@ -124,6 +124,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("idle_seconds", "a claim is idle once its GPUs stayed below both for this long (default 900)", "SECONDS"),
     Flag("idle_conditions", "true: write the Idle condition into the claim's status.devices and an Event on its "
          "pods when a claim becomes idle or active again; false: metrics only (default true)", "BOOL"),
+    Flag("idle_reclaim", "true: evict the pods of idle claims in namespaces labelled topodra.io/idle-reclaim=enabled "
+         "(an Event only for =dry-run) once idle for their grace period; false: never read namespaces or evict "
+         "(default true; no namespace is labelled by default, so nothing is evicted; docs/telemetry.md)", "BOOL"),
+    Flag("idle_reclaim_grace", "grace period of a namespace that opts in without the topodra.io/idle-reclaim-grace "
+         "annotation: seconds its claims' GPUs must have been below the idle thresholds, at least --idle-seconds "
+         "(default 3600)", "SECONDS"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
 NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
@@ -172,6 +178,8 @@ class PluginConfig(BaseModel):
     idle_memory_below: float = Field(default=0.10, gt=0, le=1)
     idle_seconds: float = Field(default=900.0, ge=0)
     idle_conditions: bool = True
+    idle_reclaim: bool = True
+    idle_reclaim_grace: float = Field(default=3600.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -188,6 +196,14 @@ class PluginConfig(BaseModel):
                              "TOPODRA_MPS_DAEMON_NAMESPACE) and --mps-daemon-image (env TOPODRA_MPS_DAEMON_IMAGE)")
         if self.mps_daemon_namespace is not None and not DNS_SUBDOMAIN.match(self.mps_daemon_namespace):
             raise ValueError(f"--mps-daemon-namespace {self.mps_daemon_namespace!r} is not a namespace name")
+        return self
+
+    @model_validator(mode="after")
+    def _reclaim_grace(self) -> PluginConfig:
+        if self.idle_reclaim_grace < self.idle_seconds:
+            raise ValueError(f"--idle-reclaim-grace {self.idle_reclaim_grace:g} (env TOPODRA_IDLE_RECLAIM_GRACE) is "
+                             f"shorter than --idle-seconds {self.idle_seconds:g}: a claim is reclaimed only after it "
+                             "is idle")
         return self
 
     @field_validator("driver_name", "node_name")

@@ -68,6 +68,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "topodra_nic_port_xmit_bytes_total": ("counter", NIC_LABELS),
     "topodra_claim_idle": ("gauge", CLAIM_LABELS),
     "topodra_claim_below_threshold_seconds": ("gauge", CLAIM_LABELS),
+    "topodra_idle_reclaims_total": ("counter", ("Hostname", "namespace", "result")),
     "topodra_telemetry_samples_total": ("counter", ("Hostname",)),
     "topodra_telemetry_errors_total": ("counter", ("Hostname", "call")),
     "topodra_telemetry_api_errors_total": ("counter", ("Hostname",)),
@@ -139,6 +140,14 @@ def families(node: str, snap: Snapshot) -> list[Metric]:
         idle.add_metric(lab, 1.0 if ci.idle else 0.0)
         below.add_metric(lab, ci.idle_seconds)
     out += [idle, below]
+    reclaims = CounterMetricFamily("topodra_idle_reclaims", "Opt-in reclaim of idle claims, by result: evicted "
+                                   "(pods), dry_run (pods a dry-run namespace would lose), blocked (evictions a "
+                                   "PodDisruptionBudget refused, retried), invalid (claims in a namespace whose "
+                                   "setting is bad), failed (other eviction errors).",
+                                   labels=("Hostname", "namespace", "result"))
+    for (ns, result), n in sorted(snap.reclaims.items()):
+        reclaims.add_metric([node, ns, result], float(n))
+    out.append(reclaims)
     samples = CounterMetricFamily("topodra_telemetry_samples", "Sampling rounds done.", labels=("Hostname",))
     samples.add_metric([node], float(snap.samples))
     errors = CounterMetricFamily("topodra_telemetry_errors", "Failed reads (NVML calls, sysfs) by call; a failed "

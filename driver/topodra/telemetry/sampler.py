@@ -4,8 +4,9 @@ It never takes the node lock and never blocks prepare or unprepare: the claims i
 checkpoint read without the lock (``held``: the file is replaced atomically), the pods from the API server
 (``get_claim``, outside any lock, at most once per claim per ``claim_refresh`` seconds), and it publishes an
 immutable ``Snapshot`` that the /metrics collector reads. Its only API writes are the idle condition and Events,
-on change (``claimstatus``). Any failing read becomes a missing series and a counted error, never an exception
-out of the loop.
+on change (``claimstatus``), and, in namespaces that opt in, the evictions of idle claims' pods (``reclaim``,
+after the sample, still outside any lock). Any failing read becomes a missing series and a counted error, never
+an exception out of the loop.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from topodra.telemetry.attribution import ClaimInfo, Holder, claim_rows, holders
 from topodra.telemetry.claimstatus import ClaimStatusWriter, written_idle
 from topodra.telemetry.gpureads import GpuReader, GpuReading, XidEvents
 from topodra.telemetry.ibcounters import PortCounters, read_ports
+from topodra.telemetry.reclaim import Reclaimer
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class Snapshot:
     xids: Mapping[tuple[str, int], int] = field(default_factory=dict)  # (device name, XID) -> events since start
     samples: int = 0
     api_errors: int = 0
+    reclaims: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (namespace, result) -> count
 
 
 def targets(devices: tuple[Device, ...]) -> tuple[list[GpuTarget], list[NicTarget]]:
@@ -109,7 +112,7 @@ class Sampler:
 
     def __init__(self, inventory: Inventory, nvml: Any, sysfs: Sysfs, *, pool: str, driver: str,
                  held: Callable[[], Held], get_claim: Callable[[str, str], dict[str, Any] | None] | None = None,
-                 writer: ClaimStatusWriter | None = None, interval: float = 10.0,
+                 writer: ClaimStatusWriter | None = None, reclaimer: Reclaimer | None = None, interval: float = 10.0,
                  rule: idlerule.IdleRule | None = None, claim_refresh: float = 60.0,
                  clock: Callable[[], float] = time.time) -> None:
         if interval <= 0:
@@ -124,6 +127,7 @@ class Sampler:
         self._held = held
         self._get_claim = get_claim
         self._writer = writer
+        self._reclaimer = reclaimer
         self._clock = clock
         self._lock = threading.Lock()
         self._devices: tuple[Device, ...] = ()
@@ -227,11 +231,21 @@ class Sampler:
                 self._count(call)
             nics.append(NicSeries(n, holder, tuple(ports)))
         idle = self._idle_round(held, infos, {s.target.name: s.reading for s in gpus}, now)
+        reclaims: Mapping[tuple[str, str], int] = {}
+        api_errors = self._api_errors
+        if self._reclaimer is not None:
+            try:
+                self._reclaimer.round([(c.claim, c.idle, c.idle_seconds) for c in idle])
+            except Exception:  # an unexpected reply must not stop sampling
+                self._count("reclaim")
+                log.exception("telemetry: idle reclaim failed")
+            reclaims = dict(self._reclaimer.counts)
+            api_errors += self._reclaimer.api_errors
         self._samples += 1
         snap = Snapshot(taken_at=now, duration=time.monotonic() - started, gpus=tuple(gpus), nics=tuple(nics),
                         claims=tuple(claim_rows(held, infos, self.pool)), idle=tuple(idle),
                         errors=dict(self._errors), xids=dict(self._xid_counts), samples=self._samples,
-                        api_errors=self._api_errors)
+                        api_errors=api_errors, reclaims=reclaims)
         with self._lock:
             self._snapshot = snap
         return snap
