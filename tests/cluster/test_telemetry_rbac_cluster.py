@@ -10,6 +10,7 @@ claim's node) or ``arbitrary-node:patch``; the chart grants only the first, for 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -19,7 +20,9 @@ import yaml
 from testkit.handle import ClusterHandle, wait_for
 
 from topodra.apipaths import claim_path, node_path
+from topodra.kube import KubeError
 from topodra.telemetry.claimstatus import FIELD_MANAGER, condition, status_apply
+from topodra.telemetry.reclaim import LABEL, eviction
 
 DRIVER = "gpu.topodra.io"
 APPLY = "application/apply-patch+yaml"
@@ -97,4 +100,67 @@ def test_plugin_writes_the_idle_condition_only_on_its_own_nodes_claims(cluster: 
         nc.kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/plugin", {"gracePeriodSeconds": 0})
         for n in (here, there):
             nc.kube.delete(node_path(n))
+        nc.kube.delete(f"/api/v1/namespaces/{ns}")
+
+
+def plugin_rbac(ns: str, sa: str, *values: str) -> list[dict[str, Any]]:
+    text = gen_manifests.render([f"serviceAccounts.plugin={sa}", "controller.enabled=false", *values], namespace=ns)
+    return [o for o, _ in gen_manifests.split(text)
+            if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+            and o["metadata"]["name"] == sa]  # fmt: skip
+
+
+@pytest.mark.cluster
+def test_plugin_may_read_namespaces_and_evict_but_not_delete_pods(cluster: ClusterHandle) -> None:
+    """Opt-in reclaim's RBAC (docs/telemetry.md "Opt-in reclaim"): the plugin's token reads a namespace and
+    evicts a pod through the Eviction API (so PDBs hold); it may neither delete a pod nor label a namespace (opt in
+    by itself). With plugin.telemetry.idleReclaim=false the chart grants neither."""
+    nc = cluster
+    ns = nc.namespace("rcrbac")
+    sa = f"rc-plugin-{uuid.uuid4().hex[:6]}"
+    node = f"rc-{uuid.uuid4().hex[:5]}"
+    objs = plugin_rbac(ns, sa)
+    assert len(objs) == 3
+    nc.kubectl("apply", "-n", ns, "-f", "-", input="\n---\n".join(yaml.safe_dump(o) for o in objs))
+    try:
+        nc.fake_nodes([node])
+        token = nc.pod_bound_token(ns, sa, node)
+        for victim in ("v1", "v2"):
+            nc.kube.create(f"/api/v1/namespaces/{ns}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": victim},
+                "spec": {"nodeName": node, "automountServiceAccountToken": False, "containers": [
+                    {"name": "c", "image": "localhost/busybox:1.35", "imagePullPolicy": "Never"}]}})
+
+        def read_namespace() -> dict[str, Any] | None:  # RBAC of a new binding reaches the authorizer asynchronously
+            code, body = nc.as_token(token, "GET", f"/api/v1/namespaces/{ns}", None)
+            if code == 403:
+                return None
+            assert code == 200, (code, body.get("message"))
+            return body
+        assert wait_for(read_namespace, 30, "the plugin's read of a namespace")["metadata"]["name"] == ns
+
+        code, body = nc.as_token(token, "DELETE", f"/api/v1/namespaces/{ns}/pods/v1", None)
+        assert code == 403 and "cannot delete resource \"pods\"" in body["message"], (code, body.get("message"))
+        code, body = nc.as_token(token, "PATCH", f"/api/v1/namespaces/{ns}",
+                                 {"metadata": {"labels": {LABEL: "enabled"}}}, "application/merge-patch+json")
+        assert code == 403, (code, body.get("message"))
+        code, body = nc.as_token(token, "POST", f"/api/v1/namespaces/{ns}/pods/v2/eviction", eviction(ns, "v2"))
+        assert code == 201, (code, body.get("message"))
+        gone = nc.kube.get(f"/api/v1/namespaces/{ns}/pods/v2")
+        assert gone is None or gone["metadata"].get("deletionTimestamp"), gone
+        assert (nc.kube.get(f"/api/v1/namespaces/{ns}/pods/v1") or {}).get("metadata", {}).get(
+            "deletionTimestamp") is None
+
+        (role,) = [o for o in plugin_rbac(ns, sa, "plugin.telemetry.idleReclaim=false") if o["kind"] == "ClusterRole"]
+        granted = {r for rule in role["rules"] for r in rule["resources"]}
+        assert "pods/eviction" not in granted and "namespaces" not in granted, granted
+        assert "resourceclaims/status" in granted  # the Idle condition stays
+    finally:
+        for o in objs:
+            if o["kind"].startswith("Cluster"):
+                nc.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found", check=False)
+        for p in ("plugin", "v1", "v2"):
+            with contextlib.suppress(KubeError):  # v2 may be gone already
+                nc.kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{p}", {"gracePeriodSeconds": 0})
+        nc.kube.delete(node_path(node))
         nc.kube.delete(f"/api/v1/namespaces/{ns}")
