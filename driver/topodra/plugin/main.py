@@ -274,8 +274,8 @@ def start_telemetry(cfg: PluginConfig, inventory: Inventory, hw: NvmlBackend, st
                     idle_seconds=cfg.idle_seconds)
     writer = ClaimStatusWriter(kube, cfg.driver_name, cfg.node_name) if cfg.idle_conditions else None
     sampler = Sampler(inventory, hw.nvml, hw.sysfs, pool=cfg.node_name, driver=cfg.driver_name,
-                      held=state.held_devices, get_claim=get_claim, writer=writer, interval=cfg.telemetry_interval,
-                      rule=rule)
+                      held=state.held_devices, held_mig=state.held_mig, get_claim=get_claim, writer=writer,
+                      interval=cfg.telemetry_interval, rule=rule)
     stack.callback(telemetry.register(cfg.node_name, lambda: sampler.snapshot))
     sampler.start()
     stack.callback(sampler.stop)
