@@ -121,8 +121,8 @@ def families(node: str, snap: Snapshot) -> list[Metric]:
         if device in by_name:
             xid.add_metric([*_gpu_labels(node, by_name[device]), str(code)], float(n))
     out.append(xid)
-    info = GaugeMetricFamily("topodra_gpu_claim_info", "1 for each GPU a claim holds, per pod the claim is reserved "
-                             "for: join on UUID with dcgm-exporter's series.",
+    info = GaugeMetricFamily("topodra_gpu_claim_info", "1 for each GPU or MIG device a claim holds, per pod the claim "
+                             "is reserved for: join on UUID (and GPU_I_ID for MIG) with dcgm-exporter's series.",
                              labels=METRICS["topodra_gpu_claim_info"][1])
     by_device = {s.target.name: s for s in snap.gpus}
     for device, claim, pod in snap.claims:
