@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,7 +158,14 @@ def main(argv: list[str]) -> int:
     if a.interval <= 0 or a.minutes * 60 < a.interval:
         ap.error("need 0 < --interval <= the scenario")
     out = Path(a.out) if a.out else result_file("telemetry", f"flags-{a.label}")
+    work = Path(tempfile.mkdtemp(prefix="topodra-bench-flags."))
+    try:
+        return _run(a, out, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
+
+def _run(a: argparse.Namespace, out: Path, work: Path) -> int:
     from topodra.claims import ClaimRef
     from topodra.hardware import load_backend
     from topodra.hardware.mockprofile import build_tree, load_profile
@@ -165,7 +173,6 @@ def main(argv: list[str]) -> int:
     from topodra.telemetry.idle import IdleRule
     from topodra.telemetry.sampler import Sampler
 
-    work = Path(tempfile.mkdtemp(prefix="topodra-bench-flags."))
     r = subprocess.run([str(REPO / "hack" / "driver-tree"), "--profile", "dgx-h100", str(work / "root"), "--node",
                         "n1", "--no-dev-nodes"], capture_output=True, text=True, check=False)
     if r.returncode != 0:
