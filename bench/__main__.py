@@ -98,10 +98,24 @@ def _telemetry(argv: list[str]) -> int:
     return main(argv)
 
 
+def _telemetry_flags(argv: list[str]) -> int:
+    from bench.telemetry.flags import main
+
+    return main(argv)
+
+
+def _telemetry_pairs(argv: list[str]) -> int:
+    from bench.telemetry.pairs import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, tuple[Main, str]] = {
     "prepare": (_prepare, "NodePrepareResources latency and plugin memory (root, private cluster)"),
     "import_rss": (_import_rss, "memory each plugin dependency adds (no cluster)"),
     "telemetry": (_telemetry, "CPU and RSS of the telemetry sampler, 8 GPUs + 8 NICs (no cluster)"),
+    "telemetry_flags": (_telemetry_flags, "idle-claim flag latency and false flags over a mixed scenario (no cluster)"),
+    "telemetry_pairs": (_telemetry_pairs, "prepare/unprepare p50, sampling on vs off, from two swapped prepare runs"),
     "reliability": (_reliability, "crash points, fuzzing, disk full, deleted while down, API faults (root)"),
     "placement": (_placement, "placement quality of four policies through the real kube-scheduler (root)"),
     "placement_plots": (_placement_plots, "re-plot a placement result as PNGs"),

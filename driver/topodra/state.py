@@ -38,6 +38,7 @@ from topodra.hostdriver import HostDriver
 from topodra.inventory import Inventory
 from topodra.observe import NO_OBSERVER, Observer
 from topodra.recovery import RecoveryReport
+from topodra.sharing.instances import MigInstance
 
 __all__ = ["CRASH_EXIT_CODE", "CRASH_POINTS", "DeviceState", "PrepareResult", "PreparedDevice", "RecoveryReport"]
 
@@ -168,6 +169,12 @@ class DeviceState:
         """uid → (claim, the (pool, device, shareID) it holds) for each checkpointed claim, read without the lock."""
         return {e.uid: (ClaimRef(namespace=e.namespace, uid=e.uid, name=e.name), held_by(e))
                 for e in self._load().claims.values()}
+
+    def held_mig(self) -> dict[str, MigInstance]:
+        """device name → the MIG instance prepare made for it, for each complete instance in the checkpoint, read
+        without the lock (the telemetry sampler's per-instance reads)."""
+        return {d.device_name: d.mig for e in self._load().claims.values() for d in e.devices
+                if d.mig is not None and d.mig.uuid and d.mig.compute_instance is not None}
 
     def prepare_mark(self) -> int:
         """Take before reading claims for ``cleanup(..., since=)``: prepares answered later keep their claims."""

@@ -751,6 +751,10 @@ static nvmlReturn_t memory(nvmlDevice_t h, unsigned long long *total, unsigned l
         state_end(0);
         if (!p) return NVML_ERROR_NOT_FOUND;
         *total = (unsigned long long)json_int(p, "memorySizeMB", 0) << 20;
+    } else if (mig_enabled(i) && !privileged()) {
+        /* nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate information, only if the
+         * caller has appropriate privileges" (NVML_ERROR_NO_PERMISSION "if the user doesn't have permission"). */
+        return NVML_ERROR_NO_PERMISSION;
     }
     *used = memory_used(h, i, *total);
     return NVML_SUCCESS;

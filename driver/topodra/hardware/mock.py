@@ -270,8 +270,19 @@ class FakeNvml(FakeMig):
         return str(self._ans(self._gpu(h).name))
 
     def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> Any:
-        total = int(self._ans(self._gpu(h).memoryTotal))
-        used = min(total, self._scenario(h).memoryUsed)
+        if isinstance(h, FakeMigDeviceHandle):  # the instance's own (nvml.h: "Per-instance information ...")
+            g, gi = self.mig_instance(h)
+            total = self._profile(g, pid=gi.profileId).memorySizeMB << 20
+            used = min(total, self._scenario(h).instance(h.gi).memoryUsed)
+        else:
+            g = self._gpu(h)
+            total = int(self._ans(g.memoryTotal))
+            used = min(total, self._scenario(h).memoryUsed)
+            if isinstance(g.migMode, tuple) and g.migMode[0] == 1:  # "aggregate information" in MIG mode
+                tel = self._scenario(h)
+                used = min(total, sum(min(self._profile(g, pid=x.profileId).memorySizeMB << 20,
+                                          tel.instance(x.id).memoryUsed)
+                                      for x in self.gpu_instances_of(str(g.uuid))))
         if version:
             return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=0, free=total - used, used=used)
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
@@ -279,6 +290,14 @@ class FakeNvml(FakeMig):
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         p: PciFacts = self._ans(self._gpu(h).pci)
         return self._pci_struct(p.busId, p.pciDeviceId, p.pciSubSystemId)
+
+    def nvmlDeviceGetIndex(self, h: Any) -> int:
+        """The NVML index (the telemetry series' ``gpu`` label); a MIG device handle has none (the stand-in's
+        NOT_SUPPORTED)."""
+        if isinstance(h, FakeMigDeviceHandle):
+            raise nvml_error("NotSupported")
+        self._gpu(h)
+        return int(h.index)
 
     def nvmlDeviceGetMinorNumber(self, h: Any) -> int:
         return int(self._ans(self._gpu(h).minor))
@@ -335,11 +354,17 @@ class FakeNvml(FakeMig):
 
     # -- health: handles by UUID, clock reasons, events ---------------------------------------------
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle | FakeMigDeviceHandle:
         if self.init_count <= 0:
             raise nvml_error("Uninitialized")
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         index = self._index_of(text)
+        if index is None and text.startswith("MIG-"):  # a MIG device UUID, as the real call takes
+            for i, g in enumerate(self.facts.gpus):
+                if isinstance(g.migMode, tuple) and g.migMode[0] == 1 and not self._gpu_faults(i).lost:
+                    found = self.mig_handle_by_uuid(i, text)
+                    if found is not None:
+                        return found
         if index is None:
             raise nvml_error("NotFound")
         self._gpu(FakeHandle(index))
@@ -459,11 +484,28 @@ class FakeNvml(FakeMig):
             raise nvml_error("InvalidArgument")
 
     def nvmlGpmSampleGet(self, h: Any, sample: Any) -> Any:
+        if isinstance(h, FakeMigDeviceHandle):  # nvml.h: "supports the device handle and MIG device handle"
+            return self.nvmlGpmMigSampleGet(FakeHandle(h.index), h.gi, sample)
         self._gpu(h)
         if not self._gpm_capable(h):
             raise nvml_error("NotSupported")
         t, sums = self._telemetry.advance(h.index, self._scenario(h))
-        if not self._telemetry.put(sample, {"gpu": h.index, "t": t, **sums}):
+        if not self._telemetry.put(sample, {"gpu": h.index, "gi": -1, "t": t, **sums}):
+            raise nvml_error("InvalidArgument")
+        return sample
+
+    def nvmlGpmMigSampleGet(self, h: Any, gpu_instance: int, sample: Any) -> Any:
+        """GPM of one GPU instance (the stand-in's rules: a MIG device handle or MIG off NotSupported, an id no
+        instance has NotFound)."""
+        if isinstance(h, FakeMigDeviceHandle):
+            raise nvml_error("NotSupported")
+        g = self._gpu(h)
+        if not self._gpm_capable(h) or not (isinstance(g.migMode, tuple) and g.migMode[0] == 1):
+            raise nvml_error("NotSupported")
+        gi = int(gpu_instance)
+        self.mig_instance(FakeMigDeviceHandle(h.index, gi, 0))
+        t, sums = self._telemetry.advance((h.index, gi), self._scenario(h).instance(gi))
+        if not self._telemetry.put(sample, {"gpu": h.index, "gi": gi, "t": t, **sums}):
             raise nvml_error("InvalidArgument")
         return sample
 
@@ -473,7 +515,7 @@ class FakeNvml(FakeMig):
         if int(mg.version) != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise nvml_error("ArgumentVersionMismatch")
         a, b = self._telemetry.get(mg.sample1), self._telemetry.get(mg.sample2)
-        if a is None or b is None or a["gpu"] != b["gpu"] or b["t"] <= a["t"]:
+        if a is None or b is None or a["gpu"] != b["gpu"] or a["gi"] != b["gi"] or b["t"] <= a["t"]:
             raise nvml_error("InvalidArgument")
         dt = b["t"] - a["t"]
         for k in range(int(mg.numMetrics)):

@@ -123,6 +123,12 @@ def _err(name: str) -> pynvml.NVMLError:
     return nvml_error(name)
 
 
+def _fake_handle(index: int) -> Any:
+    from topodra.hardware.mock import FakeHandle
+
+    return FakeHandle(index)
+
+
 def _deref(ref: Any) -> Any:
     """The object behind ``ctypes.byref(x)``, or ``x`` itself."""
     return getattr(ref, "_obj", ref)
@@ -464,6 +470,27 @@ class FakeMig:
         if not isinstance(h, FakeMigDeviceHandle):
             raise _err("InvalidArgument")
         return h.ci
+
+    def mig_instance(self, h: FakeMigDeviceHandle) -> tuple[GpuFacts, FakeGpuInstance]:
+        """The parent's facts and the GPU instance of a MIG device handle; NotFound once it is gone."""
+        from topodra.hardware.mock import FakeHandle
+
+        g, uuid = self._mig_gpu(FakeHandle(h.index))
+        with self._mig_state(write=False) as st:
+            return g, self._find_gi(st.gpus.get(uuid, []), h.gi)
+
+    def gpu_instances_of(self, uuid: str) -> list[FakeGpuInstance]:
+        with self._mig_state(write=False) as st:
+            return list(st.gpus.get(uuid, []))
+
+    def mig_handle_by_uuid(self, index: int, uuid: str) -> FakeMigDeviceHandle | None:
+        """The MIG device of GPU ``index`` whose UUID is ``uuid`` (nvmlDeviceGetHandleByUUID takes MIG UUIDs)."""
+        parent = str(self._gpu(_fake_handle(index)).uuid)
+        for gi in self.gpu_instances_of(parent):
+            for ci in gi.computeInstances:
+                if mig_uuid(parent, gi.id, ci.id) == uuid:
+                    return FakeMigDeviceHandle(index, gi.id, ci.id)
+        return None
 
     def mig_device_uuid(self, h: FakeMigDeviceHandle) -> str:
         """nvmlDeviceGetUUID of a MIG device handle (FakeNvml.nvmlDeviceGetUUID delegates here)."""

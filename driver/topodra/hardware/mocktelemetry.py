@@ -2,7 +2,8 @@
 ``hack/nvml-standin/telemetry.inc``, so one faults file drives both (``GpuFaults.telemetry``).
 
 Absent keys read as an idle GPU (power 60 W, 30 C, SM clock 1980 MHz, everything else 0); ``unsupported`` names
-reads that answer NOT_SUPPORTED. Counters (NVLink KiB, GPM activity) integrate the scenario's rates over time per
+reads that answer NOT_SUPPORTED; ``mig`` holds per GPU-instance figures (memory on the MIG device handle, GPM of
+the GPU instance), as in the stand-in. Counters (NVLink KiB, GPM activity) integrate the scenario's rates over time per
 process, as the stand-in does. GPM samples are real ctypes buffers, so pynvml's ``c_nvmlGpmMetricsGet_t`` can
 carry them.
 """
@@ -24,8 +25,18 @@ ALL_LINKS = 0xFFFFFFFF
 GPM_METRICS = {1: "graphicsActivity", 2: "smActivity", 5: "tensorActivity"}
 
 
+class MigTelemetry(BaseModel):
+    """One GPU instance's scenario (MIG on): what NVML gives per instance."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    memoryUsed: int = Field(default=0, ge=0)
+    smActivity: float = Field(default=0, ge=0, le=100)
+    tensorActivity: float = Field(default=0, ge=0, le=100)
+    graphicsActivity: float = Field(default=0, ge=0, le=100)
+
+
 class GpuTelemetry(BaseModel):
-    """One GPU's scenario (units as NVML answers them)."""
+    """One GPU's scenario (units as NVML answers them); ``mig``: per GPU-instance id, with MIG on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     utilGpu: float = Field(default=0, ge=0, le=100)
@@ -44,6 +55,10 @@ class GpuTelemetry(BaseModel):
     eccCorrected: int = Field(default=0, ge=0)
     eccUncorrected: int = Field(default=0, ge=0)
     unsupported: tuple[str, ...] = ()
+    mig: dict[str, MigTelemetry] = Field(default_factory=dict)
+
+    def instance(self, gi: int) -> MigTelemetry:
+        return self.mig.get(str(gi)) or MigTelemetry()
 
 
 @dataclass
@@ -57,17 +72,17 @@ class TelemetryState:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._acc: dict[int, _Acc] = {}
+        self._acc: dict[int | tuple[int, int], _Acc] = {}  # GPU index, or (GPU index, GPU-instance id)
         self._samples: dict[int, tuple[Any, dict[str, Any] | None]] = {}  # buffer address -> (buffer, sample)
 
-    def advance(self, index: int, tel: GpuTelemetry) -> tuple[float, dict[str, float]]:
+    def advance(self, index: int | tuple[int, int], tel: GpuTelemetry | MigTelemetry) -> tuple[float, dict[str, float]]:
         now = time.monotonic()
         with self._lock:
             a = self._acc.setdefault(index, _Acc())
             if a.t is not None:
                 dt = now - a.t
                 for key in ("nvlinkTxKiBps", "nvlinkRxKiBps", *GPM_METRICS.values()):
-                    a.sums[key] = a.sums.get(key, 0.0) + float(getattr(tel, key)) * dt
+                    a.sums[key] = a.sums.get(key, 0.0) + float(getattr(tel, key, 0.0)) * dt
             a.t = now
             return now, dict(a.sums)
 

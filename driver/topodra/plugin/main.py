@@ -277,7 +277,8 @@ def start_telemetry(cfg: PluginConfig, inventory: Inventory, hw: NvmlBackend, st
     reclaimer = (Reclaimer(kube, cfg.node_name, idle_seconds=cfg.idle_seconds, default_grace=cfg.idle_reclaim_grace)
                  if cfg.idle_reclaim else None)
     sampler = Sampler(inventory, hw.nvml, hw.sysfs, pool=cfg.node_name, driver=cfg.driver_name,
-                      held=state.held_devices, get_claim=get_claim, writer=writer, reclaimer=reclaimer,
+                      held=state.held_devices, held_mig=state.held_mig, get_claim=get_claim, writer=writer,
+                      reclaimer=reclaimer,
                       interval=cfg.telemetry_interval, rule=rule)
     stack.callback(telemetry.register(cfg.node_name, lambda: sampler.snapshot))
     sampler.start()

@@ -2,8 +2,11 @@
 
 Every GPU series carries the dcgm-exporter labels that mean the same here (``Hostname``, ``gpu``, ``UUID``,
 ``pci_bus_id``, ``modelName``, and ``namespace``/``pod`` while a claim holds the GPU), plus dcgm-exporter's DRA
-label names (``dra_device_name``, ``dra_claim_name``) and ``dra_claim_uid``. ``topodra_gpu_claim_info`` (one
-series per GPU, claim and pod) joins with dcgm-exporter's own series on ``UUID`` (docs/telemetry.md).
+label names (``dra_device_name``, ``dra_claim_name``) and ``dra_claim_uid``. A MIG device's series keep the
+parent's ``UUID`` and ``gpu`` and add dcgm-exporter's ``GPU_I_ID`` and ``GPU_I_PROFILE`` and the MIG device's UUID
+(``dra_mig_device_uuid``); these are '' on whole GPUs. ``topodra_gpu_claim_info`` (one series per GPU or MIG
+device, claim and pod) joins with dcgm-exporter's own series on ``UUID`` (and ``GPU_I_ID`` for MIG;
+docs/telemetry.md).
 A value the sampler could not read is left out (no series), never exported as 0.
 
 ``METRICS`` is the one list of names, types and label sets; docs/telemetry.md lists exactly these
@@ -21,7 +24,8 @@ from prometheus_client.registry import REGISTRY, Collector
 from topodra.telemetry.sampler import GpuSeries, NicSeries, Snapshot
 
 GPU_LABELS = ("Hostname", "gpu", "UUID", "pci_bus_id", "modelName", "dra_device_name", "namespace", "pod",
-              "dra_claim_name", "dra_claim_uid")
+              "dra_claim_name", "dra_claim_uid", "GPU_I_ID", "GPU_I_PROFILE", "dra_mig_device_uuid")
+MIG_LABELS = ("GPU_I_ID", "GPU_I_PROFILE", "dra_mig_device_uuid")  # '' on a whole GPU's series
 NIC_LABELS = ("Hostname", "dra_device_name", "rdma_device", "port", "namespace", "pod", "dra_claim_name",
               "dra_claim_uid")
 CLAIM_LABELS = ("Hostname", "namespace", "dra_claim_name", "dra_claim_uid")
@@ -63,7 +67,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "topodra_gpu_ecc_errors_total": ("counter", (*GPU_LABELS, "type")),
     "topodra_gpu_xid_errors_total": ("counter", (*GPU_LABELS, "xid")),
     "topodra_gpu_claim_info": ("gauge", ("Hostname", "UUID", "dra_device_name", "namespace", "pod",
-                                         "dra_claim_name", "dra_claim_uid")),
+                                         "dra_claim_name", "dra_claim_uid", *MIG_LABELS)),
     "topodra_nic_port_rcv_bytes_total": ("counter", NIC_LABELS),
     "topodra_nic_port_xmit_bytes_total": ("counter", NIC_LABELS),
     "topodra_claim_idle": ("gauge", CLAIM_LABELS),
@@ -77,10 +81,14 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+def _mig_labels(s: GpuSeries) -> list[str]:
+    return ["", "", ""] if s.mig is None else [str(s.mig.gpu_instance), s.mig.profile, s.mig.uuid]
+
+
 def _gpu_labels(node: str, s: GpuSeries) -> list[str]:
     t, h = s.target, s.holder
     return [node, "" if s.index is None else str(s.index), t.uuid, t.bus_id, t.model, t.name, h.namespace, h.pod,
-            h.claim, h.claim_uid]
+            h.claim, h.claim_uid, *_mig_labels(s)]
 
 
 def _nic_labels(node: str, s: NicSeries, port: str) -> list[str]:
@@ -109,18 +117,20 @@ def families(node: str, snap: Snapshot) -> list[Metric]:
     out.append(ecc)
     xid = CounterMetricFamily("topodra_gpu_xid_errors", "XID events seen since the plugin started (NVML event "
                               "set, nvmlEventTypeXidCriticalError), by XID code.", labels=(*GPU_LABELS, "xid"))
-    by_name = {s.target.name: s for s in snap.gpus}
+    by_name = {s.target.name: s for s in snap.gpus if s.mig is None}
     for (device, code), n in sorted(snap.xids.items()):
         if device in by_name:
             xid.add_metric([*_gpu_labels(node, by_name[device]), str(code)], float(n))
     out.append(xid)
-    info = GaugeMetricFamily("topodra_gpu_claim_info", "1 for each GPU a claim holds, per pod the claim is reserved "
-                             "for: join on UUID with dcgm-exporter's series.",
+    info = GaugeMetricFamily("topodra_gpu_claim_info", "1 for each GPU or MIG device a claim holds, per pod the claim "
+                             "is reserved for: join on UUID (and GPU_I_ID for MIG) with dcgm-exporter's series.",
                              labels=METRICS["topodra_gpu_claim_info"][1])
-    uuids = {s.target.name: s.target.uuid for s in snap.gpus}
+    by_device = {s.target.name: s for s in snap.gpus}
     for device, claim, pod in snap.claims:
-        if device in uuids:
-            info.add_metric([node, uuids[device], device, claim.namespace, pod, claim.name, claim.uid], 1.0)
+        if device in by_device:
+            s = by_device[device]
+            info.add_metric([node, s.target.uuid, device, claim.namespace, pod, claim.name, claim.uid,
+                             *_mig_labels(s)], 1.0)
     out.append(info)
     rcv = CounterMetricFamily("topodra_nic_port_rcv_bytes", "Bytes received on the port of a compute NIC in a "
                               "claim (sysfs counters/port_rcv_data x 4).", labels=NIC_LABELS)

@@ -185,7 +185,7 @@ class GpuReader:
         samples"); the first sample after start or a loss gives none."""
         nv = self.nvml
         if self._gpm is None:
-            s = self._call(r, "nvmlGpmQueryDeviceSupport", lambda: nv.nvmlGpmQueryDeviceSupport(self.handle))
+            s = self._call(r, "nvmlGpmQueryDeviceSupport", lambda: nv.nvmlGpmQueryDeviceSupport(self._gpm_device))
             if s is None:
                 if "nvmlGpmQueryDeviceSupport" in r.unsupported:
                     self._gpm = False
@@ -202,7 +202,7 @@ class GpuReader:
             r.unsupported.append("gpm")
             return
         previous, nxt = self._samples
-        got = self._call(r, "nvmlGpmSampleGet", lambda: nv.nvmlGpmSampleGet(self.handle, nxt))
+        got = self._gpm_sample(r, nxt)
         if got is None:
             self._have_previous = False
             return
@@ -224,6 +224,13 @@ class GpuReader:
         self._samples = [nxt, previous]
         self._have_previous = True
 
+    @property
+    def _gpm_device(self) -> Any:
+        return self.handle
+
+    def _gpm_sample(self, r: GpuReading, buf: Any) -> Any:
+        return self._call(r, "nvmlGpmSampleGet", lambda: self.nvml.nvmlGpmSampleGet(self.handle, buf))
+
     def _free(self, bufs: list[Any]) -> None:
         for b in bufs:
             if b is not None:
@@ -234,6 +241,52 @@ class GpuReader:
         self._free(self._samples)
         self._samples = []
         self._have_previous = False
+
+
+class MigReader(GpuReader):
+    """Reads one MIG device: only what NVML gives per instance (docs/telemetry.md, *MIG*).
+
+    - memory: ``nvmlDeviceGetMemoryInfo_v2`` on the MIG device handle (nvml.h: "Per-instance information can be
+      queried by using specific MIG device handles"); its total is the instance's;
+    - GPM activity of its GPU instance: ``nvmlGpmMigSampleGet(parent, GPU instance id)`` (Hopper and later).
+
+    Utilisation is not read (nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently
+    supported"); power, temperature, clocks, PCIe, NVLink and ECC are the parent GPU's and stay on its series.
+    ``index`` is the parent's NVML index (what dcgm-exporter's ``gpu`` label says on MIG series)."""
+
+    def __init__(self, nvml: Any, uuid: str, parent_uuid: str, gpu_instance: int) -> None:
+        super().__init__(nvml, uuid)
+        self.parent_uuid = parent_uuid
+        self.gpu_instance = gpu_instance
+        self.parent: Any = None
+
+    def _resolve(self, r: GpuReading) -> bool:
+        if self.handle is not None:
+            return True
+        p = self._call(r, "nvmlDeviceGetHandleByUUID", lambda: self.nvml.nvmlDeviceGetHandleByUUID(self.parent_uuid))
+        h = None if p is None else self._call(r, "nvmlDeviceGetHandleByUUID",
+                                               lambda: self.nvml.nvmlDeviceGetHandleByUUID(self.uuid))
+        if h is None:
+            return False
+        self.parent, self.handle = p, h
+        with contextlib.suppress(Exception):
+            self.index = int(self.nvml.nvmlDeviceGetIndex(p))
+        return True
+
+    def _read(self, r: GpuReading) -> None:
+        nv, h = self.nvml, self.handle
+        m = self._call(r, "nvmlDeviceGetMemoryInfo_v2", lambda: nv.nvmlDeviceGetMemoryInfo(h, version=MEMORY_V2))
+        if m is not None:
+            r.memory_used, r.memory_total = int(m.used), int(m.total)
+        self._gpm_read(r)
+
+    @property
+    def _gpm_device(self) -> Any:
+        return self.parent
+
+    def _gpm_sample(self, r: GpuReading, buf: Any) -> Any:
+        return self._call(r, "nvmlGpmMigSampleGet",
+                          lambda: self.nvml.nvmlGpmMigSampleGet(self.parent, self.gpu_instance, buf))
 
 
 def _ratio(pct: Any) -> float:

@@ -23,16 +23,18 @@ from topodra.claims import ClaimRef, HeldDevice
 from topodra.devices import Device
 from topodra.hardware.sysfs import Sysfs
 from topodra.inventory import Inventory
+from topodra.sharing.instances import MigInstance
 from topodra.telemetry import idle as idlerule
 from topodra.telemetry.attribution import ClaimInfo, Holder, claim_rows, holders, pods_of
 from topodra.telemetry.claimstatus import ClaimStatusWriter, written_idle
-from topodra.telemetry.gpureads import GpuReader, GpuReading, XidEvents
+from topodra.telemetry.gpureads import GpuReader, GpuReading, MigReader, XidEvents
 from topodra.telemetry.ibcounters import PortCounters, read_ports
 from topodra.telemetry.reclaim import Reclaimer
 
 log = logging.getLogger(__name__)
 
 Held = Mapping[str, tuple[ClaimRef, frozenset[HeldDevice]]]
+HeldMig = Mapping[str, MigInstance]  # device name -> the MIG instance prepare made for it
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,25 @@ class NicTarget:
 
 
 @dataclass(frozen=True)
+class MigLabels:
+    """What a MIG device's series add: dcgm-exporter's ``GPU_I_ID`` and ``GPU_I_PROFILE`` and the MIG device's
+    own UUID (dcgm-exporter's DRA label ``dra_mig_device_uuid``); ``UUID`` stays the parent GPU's, as there."""
+
+    gpu_instance: int
+    profile: str
+    uuid: str
+
+
+@dataclass(frozen=True)
 class GpuSeries:
+    """One GPU, or one MIG device (``mig`` set: ``target`` then names the MIG device and its parent's UUID, model
+    and bus id, ``reading`` holds only the per-instance figures)."""
+
     target: GpuTarget
     index: int | None
     holder: Holder
     reading: GpuReading
+    mig: MigLabels | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,7 @@ class Sampler:
 
     def __init__(self, inventory: Inventory, nvml: Any, sysfs: Sysfs, *, pool: str, driver: str,
                  held: Callable[[], Held], get_claim: Callable[[str, str], dict[str, Any] | None] | None = None,
+                 held_mig: Callable[[], HeldMig] | None = None,
                  writer: ClaimStatusWriter | None = None, reclaimer: Reclaimer | None = None, interval: float = 10.0,
                  rule: idlerule.IdleRule | None = None, claim_refresh: float = 60.0,
                  clock: Callable[[], float] = time.time) -> None:
@@ -125,6 +142,7 @@ class Sampler:
         self.rule = rule or idlerule.IdleRule()
         self.claim_refresh = claim_refresh
         self._held = held
+        self._held_mig = held_mig
         self._get_claim = get_claim
         self._writer = writer
         self._reclaimer = reclaimer
@@ -135,6 +153,7 @@ class Sampler:
         self._gpus: list[GpuTarget] = []
         self._nics: list[NicTarget] = []
         self._readers: dict[str, GpuReader] = {}
+        self._mig_readers: dict[str, MigReader] = {}  # MIG device UUID -> its reader
         self._xids = XidEvents(nvml)
         self._initialized = False
         self._claims: dict[str, _ClaimCache] = {}
@@ -185,9 +204,10 @@ class Sampler:
         self._xids.open(handles)
 
     def _close(self) -> None:
-        for r in self._readers.values():
+        for r in [*self._readers.values(), *self._mig_readers.values()]:
             r.close()
         self._readers = {}
+        self._mig_readers = {}
         self._xids.close()
         if self._initialized:
             with contextlib.suppress(Exception):
@@ -219,6 +239,7 @@ class Sampler:
             for call, _err in reading.errors:
                 self._count(call)
             gpus.append(GpuSeries(g, reader.index if reader else None, who.get(g.name, Holder()), reading))
+        gpus += self._mig_round(who)
         for name, xid in self._xids.drain():
             self._xid_counts[(name, xid)] = self._xid_counts.get((name, xid), 0) + 1
         nics = []
@@ -250,6 +271,41 @@ class Sampler:
             self._snapshot = snap
         return snap
 
+    def _mig_round(self, who: Mapping[str, Holder]) -> list[GpuSeries]:
+        """The MIG devices claims hold (instances exist only while prepared): per-instance reads, one reader per
+        MIG device UUID, dropped with its instance."""
+        if self._held_mig is None or not self._initialized:
+            return []
+        try:
+            instances = dict(self._held_mig())
+        except Exception as e:
+            self._count("checkpoint")
+            log.warning("telemetry: cannot read the prepared MIG instances: %s", e)
+            instances = {}
+        with self._lock:
+            devices = {d.name: d for d in self._devices}
+        parents = {g.uuid: g for g in self._gpus}
+        out = []
+        for name, inst in sorted(instances.items()):
+            parent, dev = parents.get(inst.parent_uuid), devices.get(name)
+            if parent is None or dev is None or name not in who:
+                continue  # not this node's device, or no longer held
+            reader = self._mig_readers.get(inst.uuid)
+            if reader is None:
+                reader = self._mig_readers[inst.uuid] = MigReader(self.nvml, inst.uuid, inst.parent_uuid,
+                                                                  inst.gpu_instance)
+            reading = reader.read()
+            for call, _err in reading.errors:
+                self._count(call)
+            profile = dev.attributes.get("profile")
+            out.append(GpuSeries(GpuTarget(name, parent.uuid, parent.model, parent.bus_id), reader.index, who[name],
+                                 reading, MigLabels(inst.gpu_instance, "" if profile is None else str(profile.value),
+                                                    inst.uuid)))
+        live = {inst.uuid for inst in instances.values()}
+        for uuid in [u for u in self._mig_readers if u not in live]:
+            self._mig_readers.pop(uuid).close()
+        return out
+
     def _claim_infos(self, held: Held, now: float) -> dict[str, ClaimInfo]:
         for uid in list(self._claims):
             if uid not in held:
@@ -279,7 +335,7 @@ class Sampler:
         for uid, (_ref, devices) in held.items():
             gpus = [readings[d] for pool, d, _s in devices if pool == self.pool and d in readings]
             if not gpus:
-                continue  # no whole GPU of this node (NICs only, MIG devices): not judged
+                continue  # no GPU or MIG device of this node (NICs only): not judged
             levels = [idlerule.GpuLevel(r.activity, r.memory_ratio) for r in gpus]
             is_below = idlerule.below(self.rule, levels)
             state = idlerule.step(self._idle.get(uid, idlerule.IdleState()), is_below, now)

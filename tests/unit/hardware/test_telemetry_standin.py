@@ -145,3 +145,108 @@ def test_mig_enabled_gpu_has_no_utilization(tmp_path: Path) -> None:
     """)
     # nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported."
     assert got == {"mig": 1, "util": "NotSupported"}
+
+
+MIG_CHILD = """
+import os
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+def make(pid, start, size):  # a GPU instance with its one compute instance; its MIG device handle
+    gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, place(start, size))
+    info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, CI_1 if size == 1 else CI_2, 0)
+    pynvml.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
+    return pynvml.nvmlGpuInstanceGetInfo(gi).id
+small, big = make(19, 3, 1), make(14, 4, 2)  # 1g.10gb, 2g.20gb
+migs = {}
+for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+    try:
+        m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+    except pynvml.NVMLError:
+        continue
+    migs[pynvml.nvmlDeviceGetGpuInstanceId(m)] = m
+faults = os.path.join(os.path.dirname(str(LIB)), "nvml-standin-faults.json")
+GIB = 1 << 30
+with open(faults + ".tmp", "w") as f:
+    json.dump({"gpus": {"0": {"telemetry": {"mig": {str(small): {"memoryUsed": 3 * GIB, "smActivity": 60.0,
+                                                               "tensorActivity": 20.0, "graphicsActivity": 70.0},
+                                                    str(big): {"memoryUsed": 999 * GIB}}}}}}, f)
+os.replace(faults + ".tmp", faults)
+def gpm(sample):  # two samples 0.3 s apart, their three metrics in percent
+    a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    sample(a); time.sleep(0.3); sample(b)
+    mg = pynvml.c_nvmlGpmMetricsGet_t()
+    mg.version, mg.numMetrics, mg.sample1, mg.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, 3, a, b
+    for k, mid in enumerate([pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, pynvml.NVML_GPM_METRIC_SM_UTIL,
+                             pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL]):
+        mg.metrics[k].metricId = mid
+    pynvml.nvmlGpmMetricsGet(mg)
+    return [round(mg.metrics[k].value, 1) for k in range(3)]
+ms, mb = migs[small], migs[big]
+r = {"mem_small": [pynvml.nvmlDeviceGetMemoryInfo(ms, version=pynvml.nvmlMemory_v2).used,
+                   pynvml.nvmlDeviceGetMemoryInfo(ms, version=pynvml.nvmlMemory_v2).total >> 20],
+     "mem_big": [pynvml.nvmlDeviceGetMemoryInfo(mb).used >> 20, pynvml.nvmlDeviceGetMemoryInfo(mb).total >> 20],
+     "mem_parent": pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used >> 20,
+     "util_mig": err(pynvml.nvmlDeviceGetUtilizationRates, ms),
+     "power_mig": err(pynvml.nvmlDeviceGetPowerUsage, ms),
+     "gpm_support_mig": pynvml.nvmlGpmQueryDeviceSupport(ms).isSupportedDevice,
+     "gpm_mig_handle": gpm(lambda s: pynvml.nvmlGpmSampleGet(ms, s)),
+     "gpm_by_id": gpm(lambda s: pynvml.nvmlGpmMigSampleGet(h, small, s)),
+     "gpm_idle": gpm(lambda s: pynvml.nvmlGpmMigSampleGet(h, big, s))}
+s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+r["no_instance"] = err(pynvml.nvmlGpmMigSampleGet, h, 13, s1)
+r["mig_handle_as_gpu"] = err(pynvml.nvmlGpmMigSampleGet, ms, small, s1)
+pynvml.nvmlGpmMigSampleGet(h, small, s1); time.sleep(0.15); pynvml.nvmlGpmMigSampleGet(h, big, s2)
+mixed = pynvml.c_nvmlGpmMetricsGet_t()
+mixed.version, mixed.numMetrics, mixed.sample1, mixed.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, 1, s1, s2
+mixed.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+r["mixed"] = err(pynvml.nvmlGpmMetricsGet, mixed)
+os.seteuid(65534)  # nvml.h: the parent's aggregate "only if the caller has appropriate privileges"
+r["parent_unprivileged"] = err(pynvml.nvmlDeviceGetMemoryInfo, h)
+os.seteuid(0)
+faults_lost = {"gpus": {"0": {"lost": True}}}
+with open(faults + ".tmp", "w") as f:
+    json.dump(faults_lost, f)
+os.replace(faults + ".tmp", faults)
+r["lost"] = [err(pynvml.nvmlGpmMigSampleGet, h, small, s1), err(pynvml.nvmlDeviceGetMemoryInfo, ms),
+             err(pynvml.nvmlGpmSampleGet, ms, s1)]
+out(r)
+"""
+
+
+def test_mig_per_instance_memory_and_gpm(tmp_path: Path) -> None:
+    """nvml.h: memory info is per instance on a MIG device handle ("Per-instance information can be queried by
+    using specific MIG device handles") and the aggregate on the GPU's; GPM samples a GPU instance through its MIG
+    device handle (nvmlGpmSampleGet: "supports the device handle and MIG device handle") or the GPU and the
+    instance id (nvmlGpmMigSampleGet); utilisation is not supported with MIG on; a lost GPU answers GPU_IS_LOST."""
+    tree = driver_tree(tmp_path / "mig", "dgx-h100-mig")
+    got = run_py(tree, MIG_CHILD)
+    assert got["mem_small"] == [3 << 30, 9856]  # 1g.10gb: the instance's own total (the H100 profile's MiB)
+    assert got["mem_big"] == [got["mem_big"][1], got["mem_big"][1]]  # more than it has: clamped to its total
+    assert got["mem_parent"] == 3 * 1024 + got["mem_big"][1]  # the aggregate of the instances
+    assert got["util_mig"] == "NotSupported" and got["power_mig"] == "NotSupported"
+    assert got["gpm_support_mig"] == 1
+    assert got["gpm_mig_handle"] == pytest.approx([70.0, 60.0, 20.0], abs=0.5)
+    assert got["gpm_by_id"] == pytest.approx([70.0, 60.0, 20.0], abs=0.5)
+    assert got["gpm_idle"] == [0.0, 0.0, 0.0]  # an instance the scenario leaves out reads idle
+    assert got["no_instance"] == "NotFound" and got["mig_handle_as_gpu"] == "NotSupported"
+    assert got["mixed"] == "InvalidArgument"  # samples of two GPU instances
+    assert got["parent_unprivileged"] == "NoPermission"
+    assert got["lost"] == ["GpuIsLost"] * 3
+
+
+def test_gpm_per_instance_needs_mig_on_and_hopper(h100: Path, tmp_path: Path) -> None:
+    write_faults(h100, {})
+    off = run_py(h100, """
+        pynvml.nvmlInit()
+        s = pynvml.nvmlGpmSampleAlloc()
+        out(err(pynvml.nvmlGpmMigSampleGet, pynvml.nvmlDeviceGetHandleByIndex(0), 1, s))
+    """)
+    a100 = run_py(driver_tree(tmp_path / "a100", "dgx-a100-80gb-mig"), """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(0, 1))
+        s = pynvml.nvmlGpmSampleAlloc()
+        out(err(pynvml.nvmlGpmMigSampleGet, h, pynvml.nvmlGpuInstanceGetInfo(gi).id, s))
+    """)
+    assert off == "NotSupported"  # MIG off: no GPU instance to sample
+    assert a100 == "NotSupported"  # "For Hopper or newer fully supported devices"

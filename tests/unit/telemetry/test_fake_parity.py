@@ -15,6 +15,7 @@ import pytest
 from testkit.standin import driver_tree, lib_dir, run_py
 
 from topodra.hardware import load_backend
+from topodra.hardware.mockprofile import build_tree, load_profile
 
 GIB = 1 << 30
 FAULTS = {"gpus": {
@@ -73,3 +74,71 @@ def test_fake_nvml_and_the_c_standin_give_the_same_readings(tmp_path: Path) -> N
     assert partial["power_watts"] is None and partial["sm_active"] is None
     assert {"nvmlDeviceGetPowerUsage", "gpm"} <= set(partial["unsupported"])
     assert lost["lost"] is True and lost["util_gpu"] is None
+
+
+MIG_READ = """
+def read_mig(nvml, devices, scenario):
+    import os
+    from topodra.sharing.instances import MigInstances
+    from topodra.sharing.mig import placement_of
+    from topodra.telemetry.gpureads import MigReader
+    (dev,) = [d for d in devices if d.kind == "mig" and d.attributes["parentDevice"].value == "gpu-0"
+              and d.attributes["profile"].value == "1g.10gb" and d.attributes["placementStart"].value == 4]
+    made = MigInstances(nvml)
+    inst = made.create(placement_of(dev))
+    made.close()
+    scenario({"gpus": {"0": {"telemetry": {"mig": {str(inst.gpu_instance): {"memoryUsed": 3 << 30, "smActivity": 40.0,
+                                                                            "tensorActivity": 10.0}}}}}})
+    nvml.nvmlInit()
+    r = MigReader(nvml, inst.uuid, inst.parent_uuid, inst.gpu_instance)
+    r.read()
+    time.sleep(0.3)
+    g = r.read()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    parent_used = nvml.nvmlDeviceGetMemoryInfo(h).used
+    s = nvml.nvmlGpmSampleAlloc()
+    errs = []
+    for call in (lambda: nvml.nvmlGpmMigSampleGet(h, 13, s), lambda: nvml.nvmlGpmMigSampleGet(r.handle, 1, s)):
+        try:
+            call()
+            errs.append("ok")
+        except nvml.NVMLError as e:
+            errs.append(type(e).__name__.removeprefix("NVMLError_"))
+    return {"gi": inst.gpu_instance, "used": g.memory_used, "total": g.memory_total, "index": r.index,
+            "sm": round(g.sm_active, 2), "tensor": round(g.tensor_active, 2), "util": g.util_gpu,
+            "errors": g.errors, "parent_used": parent_used, "errs": errs}
+"""
+
+
+def _sysfs(tmp_path: Path, profile: str) -> Path:
+    out = tmp_path / "sysfs"
+    build_tree(load_profile(profile), frozenset()).materialize(str(out))
+    return out
+
+
+def test_mig_instances_read_alike(tmp_path: Path) -> None:
+    """A MIG device's per-instance figures (MigReader: memory on its handle, GPM of its GPU instance) and the
+    parent's aggregate memory, the same from FakeNvml and the stand-in."""
+    tree = driver_tree(tmp_path / "root", "dgx-h100-mig", node="n1")
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    be = load_backend("mock:dgx-h100-mig", "n1", overrides={"faultsFile": str(faults),
+                                                            "migStateFile": str(tmp_path / "mig.json")})
+    scope: dict[str, Any] = {"time": time}
+    exec(MIG_READ, scope)
+    fake = scope["read_mig"](be.nvml, be.discover(), lambda d: faults.write_text(json.dumps(d)))
+    real = run_py(tree, MIG_READ + """
+import os
+from topodra.hardware import load_backend
+FAULTS = os.path.join(os.path.dirname(str(LIB)), "nvml-standin-faults.json")
+def scenario(d):
+    open(FAULTS + ".tmp", "w").write(json.dumps(d))
+    os.replace(FAULTS + ".tmp", FAULTS)
+be = load_backend("nvml", "n1", sysfs_root=os.environ["SYSFS"], nvidia_driver_root=TREE)
+out(read_mig(pynvml, be.discover(), scenario))
+""", env={"SYSFS": str(_sysfs(tmp_path, "dgx-h100-mig"))})
+    # GPU-instance ids are NVML's choice: FakeNvml numbers them in creation order, the stand-in as real GPUs do
+    assert {k: v for k, v in fake.items() if k != "gi"} == {k: v for k, v in real.items() if k != "gi"}
+    assert (fake["used"], fake["sm"], fake["tensor"], fake["util"]) == (3 << 30, 0.4, 0.1, None)
+    assert fake["parent_used"] == 3 << 30 and fake["index"] == 0 and fake["errors"] == []
+    assert fake["errs"] == ["NotFound", "NotSupported"]
