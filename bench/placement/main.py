@@ -813,6 +813,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-cooldown", type=float, default=reserve.Settings.cooldown_s,
                    help="policy (g): virtual seconds after an expired hold before the job may reserve again "
                         "(default %(default)s)")
+    p.add_argument("--reserve-narrower-within", type=float, default=reserve.Settings.narrower_within_s,
+                   help="policy (g): a gang holds a leaf group only if it starts at most this many virtual seconds "
+                        "later than the soonest nodes of its scalable unit (default %(default)s, the controller's "
+                        "--reservation-narrower-within; inf: a leaf whenever one can hold the job, as in session 10)")
     p.add_argument("--reserve-whole-server", choices=("on", "off"), default="off",
                    help="policy (g): 8-GPU whole-server jobs reserve a node too (off: they backfill like 1-4 GPU "
                         "jobs; default %(default)s)")
@@ -1050,6 +1054,7 @@ def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
                             cooldown_s=getattr(args, "reserve_cooldown", d.cooldown_s),
                             backfill=getattr(args, "backfill", "on") == "on",
                             whole_server=getattr(args, "reserve_whole_server", "off") == "on",
+                            narrower_within_s=getattr(args, "reserve_narrower_within", d.narrower_within_s),
                             window_margin_s=max(float(getattr(args, "tick", 0.0) or 0.0), 1.0))
 
 

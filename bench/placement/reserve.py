@@ -8,8 +8,12 @@ virtual ``now``, and writes the plan as DeviceTaintRules rendered by ``topodra.c
 start (``topodra.controller.render.with_tolerations``, as the controller renders a reserving profile's template).
 Nothing here decides where to reserve: one planner, the controller's.
 
-Which jobs reserve: multi-node jobs (a gang; domain = the leaf group, ``topodra.io/leaf-group``, the level the
-(f) scorer steers a gang into) and 8-GPU whole-server jobs (domain = the node). Each gets a per-job uid
+Which jobs reserve: multi-node jobs (a gang; domain = the scalable unit, the level of its PodGroup's topology
+constraint, with the leaf group, ``topodra.io/leaf-group``, the level the (f) scorer steers a gang into, as the
+narrower level it prefers: a leaf is held when it starts the job at most ``Settings.narrower_within_s`` later
+than the unit's soonest nodes, as the controller does for ``sameDomain: [leafGroup, scalableUnit]``; session 10
+held leaves only, which ``--reserve-narrower-within inf`` repeats except where no leaf can hold the job) and
+8-GPU whole-server jobs (domain = the node). Each gets a per-job uid
 (``job_uid``: a UUID from the replay's run id and the job id), the taint value and the toleration's.
 
 What the planner is told, from the benchmark's own view:
@@ -80,10 +84,11 @@ class Settings:
     backfill: bool = True  # small jobs tolerate held devices whose window fits their duration
     window_margin_s: float = 900.0  # the step length: how late a window can be rewritten
     whole_server: bool = False  # 8-GPU whole-server jobs reserve too (else they backfill like smaller ones)
+    narrower_within_s: float = 1800.0  # a leaf is held if it starts at most this much later than the unit
 
     def __post_init__(self) -> None:
         if (self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0 or self.grace_s < 0
-                or self.cooldown_s < 0 or self.window_margin_s < 0):
+                or self.cooldown_s < 0 or self.window_margin_s < 0 or self.narrower_within_s < 0):
             raise ValueError(f"reservation settings: afterWaiting must not be negative, maxHold must be positive and "
                              f"max reservations not negative (got {self.after_s}, {self.max_hold_s}, "
                              f"{self.max_reservations})")
@@ -150,11 +155,14 @@ def planner_job(job: pm.Job, run: str, ns: str, inv: pm.NodeCapacity, fabric: Ma
             continue
         holder = held_by.get(node)
         free = () if holder not in (None, uid) else tuple(sorted(g.name for g in gpus if (node, g.name) not in used))
-        domain = node if job.pods == 1 else (fabric.get(node, {}).get("leaf") or None)
+        where = fabric.get(node, {})
+        domain = node if job.pods == 1 else (where.get("su") or None)
+        narrower = () if job.pods == 1 else (where.get("leaf") or None,)
         running = tuple(rsv.RunningPod(name, devs, end) for name, devs, end in pods_on.get(node, ()))
-        nodes.append(rsv.NodeState(node, domain, free, running))
+        nodes.append(rsv.NodeState(node, domain, free, running, narrower))
     return rsv.Job(ns, f"j{job.id:05d}", uid, job.pods, job.arrival, settings.after_s, settings.max_hold_s,
-                   tuple(nodes), _capacity(job.per_pod), existing, expired_at, settings.cooldown_s, settings.grace_s)
+                   tuple(nodes), _capacity(job.per_pod), existing, expired_at, settings.cooldown_s, settings.grace_s,
+                   settings.narrower_within_s)
 
 
 def pods_by_node(clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], jobs_by_pod: Mapping[str, pm.Job],
@@ -223,7 +231,8 @@ class Reserver:
                 self.first_hold[job.id] = (now, math.inf if unknown else max(rest, default=0.0))
         self.expired.update({j.uid: now for j in result.expired})
         self.expired_count += len(result.expired)
-        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since, r.place.expected_start)
+        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since, r.place.expected_start,
+                                             r.place.narrowed)
                          for r in result.reservations}
         return result, wanted_rules(result, self.driver, now, self.settings.window_margin_s)
 

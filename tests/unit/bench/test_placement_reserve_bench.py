@@ -77,11 +77,13 @@ def test_planner_job_from_the_bench_view() -> None:
     assert (pj.pods, pj.waiting_since, pj.after_s, pj.uid) == (2, 10.0, 60, reserve.job_uid("run1", 2))
     by = {n.name: n for n in pj.nodes}
     assert set(by) == set(NODES)  # every node of a listed model (H200, H100)
-    assert by["a1"].domain == "la" and len(by["a1"].free) == 6 and by["a1"].running[0].end == 3600.0
+    # The gang's own level is its unit (its PodGroup's constraint); the leaf is the narrower level it prefers.
+    assert by["a1"].domain == "s1" and by["a1"].narrower == ("la",) and pj.narrower_within_s == 1800.0
+    assert len(by["a1"].free) == 6 and by["a1"].running[0].end == 3600.0
     assert by["b1"].free == ()  # held by another job: nothing free for this one
     assert len(by["b2"].free) == 8 and pj.capacity(by["b2"].free) == 1 and pj.capacity(by["a1"].free) == 0
     whole = reserve.planner_job(job(3, 8), "run1", "ns", inv, FABRIC, set(), {}, {}, reserve.Settings(), None, False)
-    assert {n.name: n.domain for n in whole.nodes}["a2"] == "a2"  # an 8-GPU job's domain is its node
+    assert {n.name: (n.domain, n.narrower) for n in whole.nodes}["a2"] == ("a2", ())  # an 8-GPU job: its node
     a100 = reserve.planner_job(job(4, 16, prefs="mem80"), "r", "ns", inventory({**NODES, "x": "a100"}),
                                FABRIC, set(), {}, {}, reserve.Settings(), None, False)
     assert "x" in {n.name for n in a100.nodes} and {n.domain for n in a100.nodes if n.name == "x"} == {None}
