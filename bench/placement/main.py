@@ -817,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="policy (g): a gang holds a leaf group only if it starts at most this many virtual seconds "
                         "later than the soonest nodes of its scalable unit (default %(default)s, the controller's "
                         "--reservation-narrower-within; inf: a leaf whenever one can hold the job, as in session 10)")
+    p.add_argument("--reserve-min-gpus", type=int, default=reserve.Settings.min_gpus,
+                   help="policy (g): multi-node jobs of at least this many GPUs reserve (default %(default)s: "
+                        "every multi-node job)")
     p.add_argument("--reserve-whole-server", choices=("on", "off"), default="off",
                    help="policy (g): 8-GPU whole-server jobs reserve a node too (off: they backfill like 1-4 GPU "
                         "jobs; default %(default)s)")
@@ -1055,6 +1058,7 @@ def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
                             backfill=getattr(args, "backfill", "on") == "on",
                             whole_server=getattr(args, "reserve_whole_server", "off") == "on",
                             narrower_within_s=getattr(args, "reserve_narrower_within", d.narrower_within_s),
+                            min_gpus=getattr(args, "reserve_min_gpus", d.min_gpus),
                             window_margin_s=max(float(getattr(args, "tick", 0.0) or 0.0), 1.0))
 
 

@@ -85,6 +85,7 @@ class Settings:
     window_margin_s: float = 900.0  # the step length: how late a window can be rewritten
     whole_server: bool = False  # 8-GPU whole-server jobs reserve too (else they backfill like smaller ones)
     narrower_within_s: float = 1800.0  # a leaf is held if it starts at most this much later than the unit
+    min_gpus: int = 16  # multi-node jobs of at least this many GPUs reserve (their profiles carry reservation)
 
     def __post_init__(self) -> None:
         if (self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0 or self.grace_s < 0
@@ -97,15 +98,17 @@ class Settings:
 
 
 def reserves(job: pm.Job, settings: Settings | None = None) -> bool:
-    """Multi-node jobs reserve; 8-GPU whole-server jobs too when ``settings.whole_server`` (else they backfill);
-    smaller ones never do."""
-    whole = (settings or Settings()).whole_server
-    return job.pods > 1 or (whole and job.gpus == 8)
+    """Multi-node jobs of at least ``settings.min_gpus`` reserve; 8-GPU whole-server jobs too when
+    ``settings.whole_server`` (else they backfill); smaller ones never do (nor do they backfill: a gang has no
+    runtime bound in this stream)."""
+    s = settings or Settings()
+    return (job.pods > 1 and job.gpus >= s.min_gpus) or (s.whole_server and job.gpus == 8)
 
 
 def backfills(job: pm.Job, settings: Settings) -> bool:
-    """A backfill job: it does not reserve, uses GPUs, and fits the largest window."""
-    return (settings.backfill and job.gpus > 0 and not reserves(job, settings)
+    """A backfill job: one pod that does not reserve, uses GPUs, and fits the largest window (a gang never
+    backfills: its pods would all need the window)."""
+    return (settings.backfill and job.gpus > 0 and job.pods == 1 and not reserves(job, settings)
             and job.duration <= WINDOW_LADDER[-1][1])
 
 

@@ -43,6 +43,10 @@ def test_who_reserves_uid_and_toleration_as_the_controller_renders_it() -> None:
     assert [reserve.reserves(job(1, g)) for g in (1, 2, 4, 8, 16, 64)] == [False] * 4 + [True] * 2
     whole = reserve.Settings(whole_server=True)  # 8-GPU whole-server jobs reserve too (else they backfill)
     assert [reserve.reserves(job(1, g), whole) for g in (1, 2, 4, 8, 16, 64)] == [False] * 3 + [True] * 3
+    big = reserve.Settings(min_gpus=32)  # only the profiles of 32 GPUs and more carry a reservation
+    assert [reserve.reserves(job(1, g), big) for g in (8, 16, 32, 64)] == [False, False, True, True]
+    # A 16-GPU gang that does not reserve does not backfill either (no runtime bound for its pods); 4 GPUs do.
+    assert [reserve.backfills(job(1, g), big) for g in (4, 16)] == [True, False]
     uid = reserve.job_uid("run1", 7)
     assert len(uid) == 36 and uid == reserve.job_uid("run1", 7) and uid != reserve.job_uid("run2", 7)
     spec = pm.claim_spec_for(job(1, 64), "g")
