@@ -43,6 +43,8 @@ Metrics (``Reserver.metrics``, over the arrival window like the others):
 * ``reservations_made`` / ``reservations_expired``: holds made (a job's hold moved to other nodes counts again)
   and holds that ran out (maxHold or expected start + grace);
 * ``backfilled_gpu_hours``: GPU-hours of backfill jobs' pods on held nodes (bound after the hold was made);
+* ``wait64_before_hold_s`` / ``wait64_held_s`` / ``jobs64_never_held``: of the 64-GPU jobs, the mean time from
+  arrival to their first hold and from it to their start, and how many never held (they started without one);
 * ``reservations_leaked``: the benchmark's DeviceTaintRules still in the API when the replay ended whose job is
   not waiting any more (counted by the runner before it deletes them; ``leaked``);
 * adversarial stream (one 64-GPU job, ``gang.adversarial_jobs``): ``big_job_wait_s`` (NaN: never started),
@@ -272,6 +274,14 @@ class Reserver:
                                "backfilled_gpu_hours": filled * (t1 - t0) / 3600 if self.backfill_series else 0.0,
                                "reservations_made": self.made, "reservations_expired": self.expired_count,
                                "reservations_leaked": self.rules_leaked}
+        # Where the 64-GPU jobs' waits go: before their first hold (afterWaiting, no free slot, or no domain),
+        # and from that hold to their start (the held nodes draining); means over the jobs that held.
+        held64 = [(s, self.first_hold[s.job.id][0]) for s in states
+                  if s.job.gpus == BIG_GPUS and s.job.id in self.first_hold and s.start is not None]
+        out["wait64_before_hold_s"] = (sum(h - s.job.arrival for s, h in held64) / len(held64)) if held64 else math.nan
+        out["wait64_held_s"] = (sum(max(0.0, (s.start or h) - h) for s, h in held64) / len(held64)
+                                if held64 else math.nan)
+        out["jobs64_never_held"] = sum(1 for s in states if s.job.gpus == BIG_GPUS and s.job.id not in self.first_hold)
         big = [s for s in states if s.job.gpus == BIG_GPUS]
         if len(big) == 1 and big[0].job.id in self.first_hold:
             _since, rest = self.first_hold[big[0].job.id]
