@@ -813,6 +813,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-cooldown", type=float, default=reserve.Settings.cooldown_s,
                    help="policy (g): virtual seconds after an expired hold before the job may reserve again "
                         "(default %(default)s)")
+    p.add_argument("--reserve-narrower-within", type=float, default=reserve.Settings.narrower_within_s,
+                   help="policy (g): a gang holds a leaf group only if it starts at most this many virtual seconds "
+                        "later than the soonest nodes of its scalable unit (default %(default)s, the controller's "
+                        "--reservation-narrower-within; inf: a leaf whenever one can hold the job, as in session 10)")
+    p.add_argument("--reserve-min-gpus", type=int, default=reserve.Settings.min_gpus,
+                   help="policy (g): multi-node jobs of at least this many GPUs reserve (default %(default)s: "
+                        "every multi-node job)")
     p.add_argument("--reserve-whole-server", choices=("on", "off"), default="off",
                    help="policy (g): 8-GPU whole-server jobs reserve a node too (off: they backfill like 1-4 GPU "
                         "jobs; default %(default)s)")
@@ -916,18 +923,26 @@ def merge(args: argparse.Namespace) -> int:
     by_key: dict[tuple[str, int], dict[str, Any]] = {}  # a later file's run of a (policy, seed) wins
     policies: dict[str, str] = {}
     first_args: dict[str, Any] | None = None
+    reserving_args: dict[str, Any] | None = None  # of the first file with a reserving policy's runs
+    same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
+            "until_window_end", "multinode", "adversarial")
+    # Compared only between files that ran a reserving policy: no other policy reads them.
+    reserving = ("reserve_after", "reserve_max_hold", "max_reservations", "reserve_deadlines")
     for f in args.merge:
         try:
             doc = json.loads(Path(f).read_text())
         except (OSError, ValueError) as e:
             print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
-        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
-                "until_window_end", "multinode", "adversarial", "reserve_after", "reserve_max_hold",
-                "max_reservations", "reserve_deadlines")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
             print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
+        if any(r["policy"] in reserve.RESERVING_POLICIES for r in doc["runs"]):
+            if reserving_args is not None and any(doc["args"].get(k) != reserving_args.get(k) for k in reserving):
+                print(f"bench/run placement: {f} was run with other reservation settings ({reserving})",
+                      file=sys.stderr)
+                return 2
+            reserving_args = reserving_args or doc["args"]
         first_args = first_args or doc["args"]
         for r in doc["runs"]:
             key = (r["policy"], int(r["seed"]))
@@ -937,6 +952,8 @@ def merge(args: argparse.Namespace) -> int:
         policies.update(doc["policies"])
     runs = [by_key[k] for k in sorted(by_key)]
     out = Path(args.out) if args.out else result_file("placement", args.label or "merged")
+    if reserving_args is not None and first_args is not None:  # the reservation settings the (g) runs had
+        first_args = {**first_args, **{k: reserving_args.get(k) for k in reserving}}
     return finish(args, {"args": first_args, "policies": dict(sorted(policies.items())), "merged_from": args.merge},
                   runs, out)
 
@@ -1050,6 +1067,8 @@ def reservation_settings(args: argparse.Namespace) -> reserve.Settings:
                             cooldown_s=getattr(args, "reserve_cooldown", d.cooldown_s),
                             backfill=getattr(args, "backfill", "on") == "on",
                             whole_server=getattr(args, "reserve_whole_server", "off") == "on",
+                            narrower_within_s=getattr(args, "reserve_narrower_within", d.narrower_within_s),
+                            min_gpus=getattr(args, "reserve_min_gpus", d.min_gpus),
                             window_margin_s=max(float(getattr(args, "tick", 0.0) or 0.0), 1.0))
 
 

@@ -1,6 +1,7 @@
 """Paired comparison of policies in a ``bench/placement`` result (pure over the stored document).
 
-``python -m bench.placement.paired RESULT.json BASE OTHER [OTHER ...]`` prints a Markdown table: per metric,
+``python -m bench.placement.paired [--gang] RESULT.json BASE OTHER [OTHER ...]`` prints a Markdown table (``--gang``:
+the multi-node rows of ``gang.TABLE_ROWS``, waits per job size and the reservation metrics): per metric,
 each policy's mean [95% interval] over its seeds, and per OTHER the paired difference OTHER - BASE (the same
 seed is the same task window, so the difference per seed removes the window's own variance) with the change of
 the mean in percent. The target verdicts of docs/placement.md are read off this table.
@@ -108,12 +109,16 @@ def markdown(doc: Mapping[str, Any], base: str, others: Sequence[str],
 
 
 def main(argv: list[str]) -> int:
+    rows = ROWS
+    if argv[:1] == ["--gang"]:
+        from bench.placement.gang import TABLE_ROWS
+        rows, argv = TABLE_ROWS, argv[1:]
     if len(argv) < 3 or argv[0] in ("-h", "--help"):
-        print("usage: python -m bench.placement.paired RESULT.json BASE OTHER [OTHER ...]", file=sys.stderr)
+        print("usage: python -m bench.placement.paired [--gang] RESULT.json BASE OTHER [OTHER ...]", file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     try:
         doc = json.loads(Path(argv[0]).read_text())
-        print(markdown(doc, argv[1], argv[2:]))
+        print(markdown(doc, argv[1], argv[2:], rows))
     except (OSError, ValueError, KeyError) as e:
         print(f"bench.placement.paired: {e}", file=sys.stderr)
         return 2

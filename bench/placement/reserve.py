@@ -8,8 +8,12 @@ virtual ``now``, and writes the plan as DeviceTaintRules rendered by ``topodra.c
 start (``topodra.controller.render.with_tolerations``, as the controller renders a reserving profile's template).
 Nothing here decides where to reserve: one planner, the controller's.
 
-Which jobs reserve: multi-node jobs (a gang; domain = the leaf group, ``topodra.io/leaf-group``, the level the
-(f) scorer steers a gang into) and 8-GPU whole-server jobs (domain = the node). Each gets a per-job uid
+Which jobs reserve: multi-node jobs (a gang; domain = the scalable unit, the level of its PodGroup's topology
+constraint, with the leaf group, ``topodra.io/leaf-group``, the level the (f) scorer steers a gang into, as the
+narrower level it prefers: a leaf is held when it starts the job at most ``Settings.narrower_within_s`` later
+than the unit's soonest nodes, as the controller does for ``sameDomain: [leafGroup, scalableUnit]``; session 10
+held leaves only, which ``--reserve-narrower-within inf`` repeats except where no leaf can hold the job) and
+8-GPU whole-server jobs (domain = the node). Each gets a per-job uid
 (``job_uid``: a UUID from the replay's run id and the job id), the taint value and the toleration's.
 
 What the planner is told, from the benchmark's own view:
@@ -39,6 +43,8 @@ Metrics (``Reserver.metrics``, over the arrival window like the others):
 * ``reservations_made`` / ``reservations_expired``: holds made (a job's hold moved to other nodes counts again)
   and holds that ran out (maxHold or expected start + grace);
 * ``backfilled_gpu_hours``: GPU-hours of backfill jobs' pods on held nodes (bound after the hold was made);
+* ``wait64_before_hold_s`` / ``wait64_held_s`` / ``jobs64_never_held``: of the 64-GPU jobs, the mean time from
+  arrival to their first hold and from it to their start, and how many never held (they started without one);
 * ``reservations_leaked``: the benchmark's DeviceTaintRules still in the API when the replay ended whose job is
   not waiting any more (counted by the runner before it deletes them; ``leaked``);
 * adversarial stream (one 64-GPU job, ``gang.adversarial_jobs``): ``big_job_wait_s`` (NaN: never started),
@@ -80,10 +86,12 @@ class Settings:
     backfill: bool = True  # small jobs tolerate held devices whose window fits their duration
     window_margin_s: float = 900.0  # the step length: how late a window can be rewritten
     whole_server: bool = False  # 8-GPU whole-server jobs reserve too (else they backfill like smaller ones)
+    narrower_within_s: float = 1800.0  # a leaf is held if it starts at most this much later than the unit
+    min_gpus: int = 16  # multi-node jobs of at least this many GPUs reserve (their profiles carry reservation)
 
     def __post_init__(self) -> None:
         if (self.after_s < 0 or self.max_hold_s <= 0 or self.max_reservations < 0 or self.grace_s < 0
-                or self.cooldown_s < 0 or self.window_margin_s < 0):
+                or self.cooldown_s < 0 or self.window_margin_s < 0 or self.narrower_within_s < 0):
             raise ValueError(f"reservation settings: afterWaiting must not be negative, maxHold must be positive and "
                              f"max reservations not negative (got {self.after_s}, {self.max_hold_s}, "
                              f"{self.max_reservations})")
@@ -92,15 +100,17 @@ class Settings:
 
 
 def reserves(job: pm.Job, settings: Settings | None = None) -> bool:
-    """Multi-node jobs reserve; 8-GPU whole-server jobs too when ``settings.whole_server`` (else they backfill);
-    smaller ones never do."""
-    whole = (settings or Settings()).whole_server
-    return job.pods > 1 or (whole and job.gpus == 8)
+    """Multi-node jobs of at least ``settings.min_gpus`` reserve; 8-GPU whole-server jobs too when
+    ``settings.whole_server`` (else they backfill); smaller ones never do (nor do they backfill: a gang has no
+    runtime bound in this stream)."""
+    s = settings or Settings()
+    return (job.pods > 1 and job.gpus >= s.min_gpus) or (s.whole_server and job.gpus == 8)
 
 
 def backfills(job: pm.Job, settings: Settings) -> bool:
-    """A backfill job: it does not reserve, uses GPUs, and fits the largest window."""
-    return (settings.backfill and job.gpus > 0 and not reserves(job, settings)
+    """A backfill job: one pod that does not reserve, uses GPUs, and fits the largest window (a gang never
+    backfills: its pods would all need the window)."""
+    return (settings.backfill and job.gpus > 0 and job.pods == 1 and not reserves(job, settings)
             and job.duration <= WINDOW_LADDER[-1][1])
 
 
@@ -150,11 +160,14 @@ def planner_job(job: pm.Job, run: str, ns: str, inv: pm.NodeCapacity, fabric: Ma
             continue
         holder = held_by.get(node)
         free = () if holder not in (None, uid) else tuple(sorted(g.name for g in gpus if (node, g.name) not in used))
-        domain = node if job.pods == 1 else (fabric.get(node, {}).get("leaf") or None)
+        where = fabric.get(node, {})
+        domain = node if job.pods == 1 else (where.get("su") or None)
+        narrower = () if job.pods == 1 else (where.get("leaf") or None,)
         running = tuple(rsv.RunningPod(name, devs, end) for name, devs, end in pods_on.get(node, ()))
-        nodes.append(rsv.NodeState(node, domain, free, running))
+        nodes.append(rsv.NodeState(node, domain, free, running, narrower))
     return rsv.Job(ns, f"j{job.id:05d}", uid, job.pods, job.arrival, settings.after_s, settings.max_hold_s,
-                   tuple(nodes), _capacity(job.per_pod), existing, expired_at, settings.cooldown_s, settings.grace_s)
+                   tuple(nodes), _capacity(job.per_pod), existing, expired_at, settings.cooldown_s, settings.grace_s,
+                   settings.narrower_within_s)
 
 
 def pods_by_node(clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], jobs_by_pod: Mapping[str, pm.Job],
@@ -223,7 +236,8 @@ class Reserver:
                 self.first_hold[job.id] = (now, math.inf if unknown else max(rest, default=0.0))
         self.expired.update({j.uid: now for j in result.expired})
         self.expired_count += len(result.expired)
-        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since, r.place.expected_start)
+        self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since, r.place.expected_start,
+                                             r.place.narrowed)
                          for r in result.reservations}
         return result, wanted_rules(result, self.driver, now, self.settings.window_margin_s)
 
@@ -260,6 +274,14 @@ class Reserver:
                                "backfilled_gpu_hours": filled * (t1 - t0) / 3600 if self.backfill_series else 0.0,
                                "reservations_made": self.made, "reservations_expired": self.expired_count,
                                "reservations_leaked": self.rules_leaked}
+        # Where the 64-GPU jobs' waits go: before their first hold (afterWaiting, no free slot, or no domain),
+        # and from that hold to their start (the held nodes draining); means over the jobs that held.
+        held64 = [(s, self.first_hold[s.job.id][0]) for s in states
+                  if s.job.gpus == BIG_GPUS and s.job.id in self.first_hold and s.start is not None]
+        out["wait64_before_hold_s"] = (sum(h - s.job.arrival for s, h in held64) / len(held64)) if held64 else math.nan
+        out["wait64_held_s"] = (sum(max(0.0, (s.start or h) - h) for s, h in held64) / len(held64)
+                                if held64 else math.nan)
+        out["jobs64_never_held"] = sum(1 for s in states if s.job.gpus == BIG_GPUS and s.job.id not in self.first_hold)
         big = [s for s in states if s.job.gpus == BIG_GPUS]
         if len(big) == 1 and big[0].job.id in self.first_hold:
             _since, rest = self.first_hold[big[0].job.id]

@@ -69,6 +69,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reservation-cooldown", type=duration_arg, default=1800, metavar="DURATION",
                         help="after a hold ran out, how long the same wait waits before it may reserve again "
                              "(default 30m)")
+    parser.add_argument("--reservation-narrower-within", type=duration_arg, default=1800, metavar="DURATION",
+                        help="hold a narrower sameDomain level than the gang's own only if it starts at most this "
+                             "much later (default 30m; a profile's reservation.narrowerWithin overrides it)")
     parser.add_argument("--max-reservations", type=int, default=2,
                         help="reservations that hold at once, oldest eligible job first (default 2)")
     parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
@@ -157,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
                            reservations=args.reservations == "on", reservation_after_s=args.reservation_after,
                            reservation_max_hold_s=args.reservation_max_hold,
                            max_reservations=args.max_reservations, reservation_grace_s=args.reservation_grace,
-                           reservation_cooldown_s=args.reservation_cooldown)
+                           reservation_cooldown_s=args.reservation_cooldown,
+                           reservation_narrower_within_s=args.reservation_narrower_within)
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
     except Exception as e:  # kubeconfig missing/invalid: say so, start nothing

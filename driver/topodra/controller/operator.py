@@ -91,6 +91,8 @@ class ControllerConfig:
     max_reservations: int = 2
     reservation_grace_s: float = 900.0  # a hold with a known expected start ends this long after it
     reservation_cooldown_s: float = 1800.0  # after an expired hold, before the same wait may reserve again
+    # a narrower level of ``sameDomain`` is held only if it starts at most this much later (docs/multi-node.md)
+    reservation_narrower_within_s: float = 1800.0
 
 
 @dataclass(frozen=True)

@@ -162,9 +162,14 @@ class Reservation(BaseModel):
     enabled: bool = True
     after_waiting: StrictInt | StrictStr | None = Field(default=None, alias="afterWaiting")
     max_hold: StrictInt | StrictStr | None = Field(default=None, alias="maxHold")
+    # Where ``acrossNodes.sameDomain`` lists levels narrower than the one the gang got: hold a narrower domain
+    # only if it starts at most this much later than the gang's own level would (controller/reservation.py).
+    narrower_within: StrictInt | StrictStr | None = Field(default=None, alias="narrowerWithin")
 
     @model_validator(mode="after")
     def _durations(self) -> Reservation:
+        if self.narrower_within is not None:
+            parse_duration(self.narrower_within, "reservation.narrowerWithin")
         if self.after_waiting is not None:
             parse_duration(self.after_waiting, "reservation.afterWaiting")
         if self.max_hold is not None and parse_duration(self.max_hold, "reservation.maxHold") == 0:
@@ -178,6 +183,10 @@ class Reservation(BaseModel):
     @property
     def max_hold_s(self) -> int | None:
         return None if self.max_hold is None else parse_duration(self.max_hold, "maxHold")
+
+    @property
+    def narrower_within_s(self) -> int | None:
+        return None if self.narrower_within is None else parse_duration(self.narrower_within, "narrowerWithin")
 
 
 class Backfill(BaseModel):

@@ -21,10 +21,16 @@ The rules, in order (Slurm-like: the job's reservation sits at its earliest star
   each pass): deadlines only move ends earlier.
 * at most ``max_reservations`` holds at once; existing holds first, then the oldest eligible jobs.
 * the domain (the job's fabric level; a whole-server job: each node is its own domain) where the job can start
-  soonest: the earliest expected start (unknown counts as never), then the fewest running pods to wait for, then
-  the most free GPUs on the nodes it takes, then the name. Inside a domain, the job's pods go on the slots that
-  free soonest (a node's k-th slot frees when the pods it waits for there end, in deadline order), so only the
-  nodes that drain soonest are reserved (the rest of the domain stays usable: fewer GPUs held idle).
+  soonest, narrower first: when the profile lists narrower levels before the one its gang got (``sameDomain``,
+  e.g. leafGroup before scalableUnit), the soonest domain of the narrowest such level is taken if it starts at
+  most ``narrower_within_s`` after the soonest domain of the job's own level, else the next level, else the
+  job's own. A narrow-only hold must wait until a whole narrow domain drains (measured: hours for a 64-GPU job
+  whose leaf has 8-10 servers, issue 33 session 11); a hold across the gang's own level starts it on the nodes
+  that drain soonest and costs only a spine hop. Ranked within a level by: the earliest expected start
+  (unknown counts as never), then the fewest running pods to wait for, then the most free GPUs on the nodes it
+  takes, then the name. Inside a domain, the job's pods go on the slots that free soonest (a node's k-th slot
+  frees when the pods it waits for there end, in deadline order), so only the nodes that drain soonest are
+  reserved (the rest of the domain stays usable: fewer GPUs held idle).
 * expected start: when the last pod waited for ends, if every one of them declares ``activeDeadlineSeconds``
   (``startTime`` + deadline); ``now`` when none must end; else unknown (None).
 * one hint (effect None): the domain the oldest waiting job without a hold would get now.
@@ -38,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 HELD: Final = "Held"
@@ -66,6 +72,7 @@ class NodeState:
     domain: str | None  # the node's value of the job's level key; None: in no domain of that level
     free: tuple[Any, ...]  # free devices of the job's class: unallocated, no blocking taint but the job's own
     running: tuple[RunningPod, ...] = ()
+    narrower: tuple[str | None, ...] = ()  # its values of the narrower levels the job prefers, narrowest first
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class Existing:
     domain: str
     since: float
     expected_start: float | None = None  # the earliest expected start the hold was given (None: unknown)
+    narrowed: int | None = None  # the narrower level it holds (Place.narrowed)
 
 
 @dataclass(frozen=True)
@@ -94,8 +102,12 @@ class Job:
     expired_at: float | None = None  # when a hold of this wait ran out (status.reservation Expired, same wait)
     cooldown_s: float = 1800.0  # after an expired hold, how long the job waits before it may reserve again
     grace_s: float = 900.0  # a hold with a known expected start ends this long after it
+    narrower_within_s: float = 1800.0  # a narrower level is taken if it starts at most this much later
 
     def __post_init__(self) -> None:
+        if self.narrower_within_s < 0:
+            raise ValueError(f"job {self.namespace}/{self.name}: narrowerWithin must not be negative "
+                             f"(got {self.narrower_within_s})")
         if not self.uid:
             raise ValueError(f"job {self.namespace}/{self.name}: a reservation needs the profile's uid")
         if self.pods < 0 or self.after_s < 0 or self.max_hold_s <= 0 or self.cooldown_s < 0 or self.grace_s < 0:
@@ -121,6 +133,7 @@ class Place:
     waits: tuple[str, ...]  # running pods that must end first
     expected_start: float | None
     gpus_free: int  # free devices of the job's class on those nodes now (held idle while reserved)
+    narrowed: int | None = None  # index of the narrower level taken (NodeState.narrower); None: the job's own
 
 
 @dataclass(frozen=True)
@@ -208,14 +221,34 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     return min(known) if known else None
 
 
-def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset()) -> Place | None:
-    """The domain that holds the job soonest, and the nodes it needs there (None: no domain can)."""
+def _best(job: Job, now: float, excluded: frozenset[str], level: int | None) -> Place | None:
+    """The soonest place in one level's domains (``level``: index into ``NodeState.narrower``; None: own)."""
     by_domain: dict[str, list[NodeState]] = defaultdict(list)
     for n in job.nodes:
-        if n.domain is not None and n.name not in excluded:
-            by_domain[n.domain].append(n)
+        if n.name in excluded:
+            continue
+        d = n.domain if level is None else (n.narrower[level] if level < len(n.narrower) else None)
+        if d is not None:
+            by_domain[d].append(n)
     places = [p for d, nodes in by_domain.items() if (p := place_in(d, nodes, job.pods, job.capacity, now))]
-    return min(places, key=_rank, default=None)
+    best = min(places, key=_rank, default=None)
+    return best if best is None or level is None else replace(best, narrowed=level)
+
+
+def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset()) -> Place | None:
+    """The domain that holds the job soonest, and the nodes it needs there (None: no domain can); a narrower
+    level's domain when it starts at most ``job.narrower_within_s`` later (see the module)."""
+    own = _best(job, now, excluded, None)
+    depth = max((len(n.narrower) for n in job.nodes), default=0)
+    limit = math.inf if own is None or own.expected_start is None else own.expected_start + job.narrower_within_s
+    for level in range(depth):
+        narrow = _best(job, now, excluded, level)
+        if narrow is None:
+            continue
+        start = math.inf if narrow.expected_start is None else narrow.expected_start
+        if start <= limit:
+            return narrow
+    return own
 
 
 def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
@@ -249,7 +282,7 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
         if place is None:
             notes[job.uid] = "released: the reserved nodes can no longer hold the job; planning again"
             continue
-        place = Place(place.domain, place.nodes, place.waits, start, place.gpus_free)
+        place = Place(place.domain, place.nodes, place.waits, start, place.gpus_free, ex.narrowed)
         kept.append(Reservation(job.namespace, job.name, job.uid, HELD, place, ex.since, job.waiting_since))
     held_nodes = {n for r in kept for n in r.place.nodes}
     gone = {j.uid for j in expired}

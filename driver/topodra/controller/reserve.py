@@ -42,7 +42,7 @@ from typing import Any
 
 from topodra import reservations as vocab
 from topodra.apipaths import device_taint_rule_path, pod_path, profile_path
-from topodra.controller import gang
+from topodra.controller import gang, gangspec
 from topodra.controller.availability import PublishedDevice, Snapshot, class_match
 from topodra.controller.profile import ClaimProfile, ProfileError
 from topodra.controller.render import reserves
@@ -68,6 +68,7 @@ Obj = dict[str, Any]
 RULE_API = "resource.k8s.io/v1"
 DOMAIN_ANNOTATION = "topodra.io/reservation-domain"
 EXPECTED_ANNOTATION = "topodra.io/reservation-expected-start"  # on a hold rule: the start it was made with
+NARROWED_ANNOTATION = "topodra.io/reservation-narrowed"  # a hold on a narrower level: its index (Place.narrowed)
 PREFIX = {HELD: "topodra-hold-", HINT: "topodra-hint-"}
 WINDOW_PREFIX = "topodra-backfill-"
 OURS = f"{vocab.MANAGED_LABEL}={vocab.MANAGED_VALUE},{vocab.UID_LABEL}"
@@ -120,6 +121,8 @@ def render_rule(r: Reservation, node: str, driver: str) -> Obj:
     annotations = {DOMAIN_ANNOTATION: r.place.domain}
     if r.state == HELD and r.place.expected_start is not None:
         annotations[EXPECTED_ANNOTATION] = stamp(r.place.expected_start)
+    if r.place.narrowed is not None:
+        annotations[NARROWED_ANNOTATION] = str(r.place.narrowed)
     return {
         "apiVersion": RULE_API, "kind": "DeviceTaintRule",
         "metadata": {"name": rule_name(r.state, r.uid, node), "labels": _labels(r), "annotations": annotations},
@@ -221,14 +224,20 @@ def existing_reservations(rules: Iterable[Obj], now: float) -> dict[str, Existin
         domain = str(notes.get(DOMAIN_ANNOTATION, ""))
         starts = [t for r in held if (t := parse_time(((r.get("metadata") or {}).get("annotations") or {})
                                                        .get(EXPECTED_ANNOTATION))) is not None]
-        out[uid] = Existing(HELD if held else HINT, nodes, domain, since, min(starts, default=None))
+        narrowed = str(notes.get(NARROWED_ANNOTATION, ""))
+        out[uid] = Existing(HELD if held else HINT, nodes, domain, since, min(starts, default=None),
+                            int(narrowed) if narrowed.isdigit() else None)
     return out
 
 
-def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: bool, level: str,
+def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: bool, levels: tuple[str, ...],
                        now: float, window_margin_s: float) -> Obj | None:
-    """``status.reservation`` of one profile (None: nothing held, hinted or expired)."""
+    """``status.reservation`` of one profile (None: nothing held, hinted or expired); ``levels``: the narrower
+    levels' names, then the job's own (``job_of``)."""
+    level = levels[-1]
     if r is not None:
+        if r.place.narrowed is not None and r.place.narrowed < len(levels) - 1:
+            level = levels[r.place.narrowed]
         out: Obj = {"state": r.state, "domain": r.place.domain, "level": level, "nodes": list(r.place.nodes),
                     "since": stamp(r.since), "waitingSince": stamp(r.waiting_since),
                     "gpusHeldIdle": r.place.gpus_free if r.state == HELD else 0,
@@ -281,9 +290,11 @@ def holders_by_device(snap: Snapshot) -> dict[tuple[str, str], tuple[str, float 
 
 
 def node_states(profile: ClaimProfile, alternative: str, key: str | None, whole_server: bool, snap: Snapshot,
-                driver: str, holders: dict[tuple[str, str], tuple[str, float | None]]) -> tuple[NodeState, ...]:
+                driver: str, holders: dict[tuple[str, str], tuple[str, float | None]],
+                narrower_keys: tuple[str, ...] = ()) -> tuple[NodeState, ...]:
     """The schedulable nodes publishing the alternative's class, each with its free devices (the job's own
-    reservation does not block them) and the running pods holding the rest."""
+    reservation does not block them), the running pods holding the rest, and its values of the narrower
+    levels' keys (``narrower_keys``, narrowest first)."""
     alt = next(a for a in profile.spec.alternatives if a.effective_name == alternative)
     match, _why = class_match(snap.classes.get(alt.device_class_name))
     if match is None:
@@ -313,7 +324,8 @@ def node_states(profile: ClaimProfile, alternative: str, key: str | None, whole_
         else:
             domain = (snap.node_labels.get(node) or {}).get(key)
         running = tuple(RunningPod(who, tuple(devs), ends.get(who)) for who, devs in sorted(held[node].items()))
-        out.append(NodeState(node, domain, tuple(free[node]), running))
+        labels = snap.node_labels.get(node) or {}
+        out.append(NodeState(node, domain, tuple(free[node]), running, tuple(labels.get(k) for k in narrower_keys)))
     return tuple(out)
 
 
@@ -347,15 +359,18 @@ def _pending(pods: Iterable[Obj]) -> list[Obj]:
 
 def job_of(kube: Kube, body: Obj, profile: ClaimProfile, snap: Snapshot, cfg: Any,
            holders: dict[tuple[str, str], tuple[str, float | None]],
-           existing: Existing | None) -> tuple[Job, str]:
-    """The planner's view of one profile's job, and its level's name for the status."""
+           existing: Existing | None) -> tuple[Job, tuple[str, ...]]:
+    """The planner's view of one profile's job, and its levels' names for the status: the narrower levels the
+    job prefers (``sameDomain`` entries before the level its gang got), narrowest first, then its own."""
     spec = profile.spec
     r = spec.reservation
     assert r is not None
     after = r.after_waiting_s if r.after_waiting_s is not None else cfg.reservation_after_s
     hold = r.max_hold_s if r.max_hold_s is not None else cfg.reservation_max_hold_s
     grace = cfg.reservation_grace_s
+    within = r.narrower_within_s if r.narrower_within_s is not None else cfg.reservation_narrower_within_s
     ns, name = profile.metadata.namespace, profile.metadata.name
+    narrower: tuple[str, ...] = ()
     if spec.pods is not None:
         gp = gang.plan(kube, profile, snap, driver=cfg.driver, nic_class=cfg.nic_class)
         pending = _pending(gp.pods)
@@ -363,6 +378,9 @@ def job_of(kube: Kube, body: Obj, profile: ClaimProfile, snap: Snapshot, cfg: An
         needed = spec.pods - bound if pending else 0
         alternative, key, whole = gp.choice.alternative, gp.choice.key, False
         level = gp.choice.level or gang.WHOLE_CLUSTER
+        listed = list(spec.across_nodes.same_domain) if spec.across_nodes else []
+        if gp.choice.level in listed:
+            narrower = tuple(listed[:listed.index(gp.choice.level)])
     else:
         pending = _pending(p for p in kube.list(pod_path(ns)) if _names_template(p, name))
         needed = 1 if pending else 0
@@ -373,11 +391,12 @@ def job_of(kube: Kube, body: Obj, profile: ClaimProfile, snap: Snapshot, cfg: An
     expired_at = None
     if old.get("state") == EXPIRED and since is not None and old.get("waitingSince") == stamp(since):
         expired_at = parse_time(old.get("expiredAt")) or parse_time(old.get("waitingSince"))
-    nodes = node_states(profile, alternative, key, whole, snap, cfg.driver, holders)
+    nodes = node_states(profile, alternative, key, whole, snap, cfg.driver, holders,
+                        tuple(gangspec.level_key(lv) for lv in narrower))
     job = Job(ns, name, profile.metadata.uid, max(needed, 0), since if needed > 0 else None, float(after),
               float(hold), nodes, _capacity(profile, alternative, cfg.driver), existing, expired_at,
-              float(cfg.reservation_cooldown_s), float(grace))
-    return job, level
+              float(cfg.reservation_cooldown_s), float(grace), float(within))
+    return job, (*narrower, level)
 
 
 # --- effects ---------------------------------------------------------------------------------------------------
@@ -451,7 +470,7 @@ def reconcile_reservations(kube: Kube, cfg: Any, snap: Snapshot | str, profiles:
         return None
     holders = holders_by_device(snap)
     jobs: list[Job] = []
-    levels: dict[str, str] = {}
+    levels: dict[str, tuple[str, ...]] = {}
     bodies: dict[str, Obj] = {}
     for body, profile in reserving:
         try:

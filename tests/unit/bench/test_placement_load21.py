@@ -144,3 +144,20 @@ def test_paired_compares_only_the_seeds_every_policy_ran() -> None:
     runs = [_run("d", 1, 10.0, flat), _run("d", 2, 20.0, flat), _run("dr", 1, 6.0, flat)]
     got = paired.compare(runs, "d", ["dr"], ["stranded_gpus"])
     assert got["d"]["stranded_gpus"]["mean"] == 10.0 and got["d"]["stranded_gpus"]["n"] == 1
+
+
+def test_merge_compares_reservation_settings_only_between_files_that_reserve(tmp_path: Path) -> None:
+    def doc(policy: str, seed: int, max_hold: float) -> Path:
+        f = tmp_path / f"{policy}{seed}-{int(max_hold)}.json"
+        f.write_text(json.dumps({"args": {"jobs": 160, "multinode": True, "reserve_max_hold": max_hold},
+                                 "policies": {policy: pm.POLICIES.get(policy, policy)},
+                                 "runs": [{"policy": policy, "seed": seed, "metrics": {"utilisation": 0.5}}]}))
+        return f
+
+    out = tmp_path / "merged.json"
+    # (f) never reads maxHold: its file may say another one than the (g) file's.
+    f1, g1 = doc("f", 1, 7200.0), doc("g", 1, 86400.0)
+    assert pmain.main(["--merge", str(f1), str(g1), "--out", str(out), "--plots", ""]) == 0
+    assert json.loads(out.read_text())["args"]["reserve_max_hold"] == 86400.0  # the (g) runs' setting
+    # Two (g) files with different holds are not one experiment.
+    assert pmain.main(["--merge", str(g1), str(doc("g", 2, 7200.0)), "--out", str(out), "--plots", ""]) == 2

@@ -43,6 +43,10 @@ def test_who_reserves_uid_and_toleration_as_the_controller_renders_it() -> None:
     assert [reserve.reserves(job(1, g)) for g in (1, 2, 4, 8, 16, 64)] == [False] * 4 + [True] * 2
     whole = reserve.Settings(whole_server=True)  # 8-GPU whole-server jobs reserve too (else they backfill)
     assert [reserve.reserves(job(1, g), whole) for g in (1, 2, 4, 8, 16, 64)] == [False] * 3 + [True] * 3
+    big = reserve.Settings(min_gpus=32)  # only the profiles of 32 GPUs and more carry a reservation
+    assert [reserve.reserves(job(1, g), big) for g in (8, 16, 32, 64)] == [False, False, True, True]
+    # A 16-GPU gang that does not reserve does not backfill either (no runtime bound for its pods); 4 GPUs do.
+    assert [reserve.backfills(job(1, g), big) for g in (4, 16)] == [True, False]
     uid = reserve.job_uid("run1", 7)
     assert len(uid) == 36 and uid == reserve.job_uid("run1", 7) and uid != reserve.job_uid("run2", 7)
     spec = pm.claim_spec_for(job(1, 64), "g")
@@ -77,11 +81,13 @@ def test_planner_job_from_the_bench_view() -> None:
     assert (pj.pods, pj.waiting_since, pj.after_s, pj.uid) == (2, 10.0, 60, reserve.job_uid("run1", 2))
     by = {n.name: n for n in pj.nodes}
     assert set(by) == set(NODES)  # every node of a listed model (H200, H100)
-    assert by["a1"].domain == "la" and len(by["a1"].free) == 6 and by["a1"].running[0].end == 3600.0
+    # The gang's own level is its unit (its PodGroup's constraint); the leaf is the narrower level it prefers.
+    assert by["a1"].domain == "s1" and by["a1"].narrower == ("la",) and pj.narrower_within_s == 1800.0
+    assert len(by["a1"].free) == 6 and by["a1"].running[0].end == 3600.0
     assert by["b1"].free == ()  # held by another job: nothing free for this one
     assert len(by["b2"].free) == 8 and pj.capacity(by["b2"].free) == 1 and pj.capacity(by["a1"].free) == 0
     whole = reserve.planner_job(job(3, 8), "run1", "ns", inv, FABRIC, set(), {}, {}, reserve.Settings(), None, False)
-    assert {n.name: n.domain for n in whole.nodes}["a2"] == "a2"  # an 8-GPU job's domain is its node
+    assert {n.name: (n.domain, n.narrower) for n in whole.nodes}["a2"] == ("a2", ())  # an 8-GPU job: its node
     a100 = reserve.planner_job(job(4, 16, prefs="mem80"), "r", "ns", inventory({**NODES, "x": "a100"}),
                                FABRIC, set(), {}, {}, reserve.Settings(), None, False)
     assert "x" in {n.name for n in a100.nodes} and {n.domain for n in a100.nodes if n.name == "x"} == {None}

@@ -193,3 +193,35 @@ def test_bad_input_is_refused() -> None:
         plan([job(), job()], NOW, 1)
     with pytest.raises(ValueError, match="max_reservations must not be negative"):
         plan([], NOW, -1)
+
+
+def two_level(name: str, leaf: str, free: int, *running: tuple[str, int, float | None]) -> NodeState:
+    """A node of unit "su" (the job's own level) in leaf ``leaf`` (the narrower level it prefers)."""
+    n = node(name, "su", free, *running)
+    return NodeState(n.name, n.domain, n.free, n.running, (leaf,))
+
+
+def test_a_leaf_is_held_only_when_it_starts_the_job_at_most_narrower_within_after_the_unit() -> None:
+    nodes = [two_level("a1", "A", 8), two_level("a2", "A", 0, ("ml/long", 8, NOW + 36_000)),
+             two_level("b1", "B", 0, ("ml/short", 8, NOW + 3_600)), two_level("b2", "B", 0, ("ml/l2", 8, NOW + 43_200))]
+    # Leaf A starts the job in 10 h, B in 12 h; the unit's soonest nodes (a1 now, b1 in 1 h) in 1 h.
+    got = choose_place(Job("ml", "j", "u1", 2, NOW - 1000, 600, 3600, tuple(nodes), per(8),
+                           narrower_within_s=1800), NOW)
+    assert got is not None and (got.domain, got.nodes, got.narrowed) == ("su", ("a1", "b1"), None)
+    assert got.expected_start == NOW + 3_600
+    # Accepting up to 10 h later: leaf A (10 h <= 1 h + 10 h).
+    got = choose_place(Job("ml", "j", "u1", 2, NOW - 1000, 600, 3600, tuple(nodes), per(8),
+                           narrower_within_s=36_000), NOW)
+    assert got is not None and (got.domain, got.nodes, got.narrowed) == ("A", ("a1", "a2"), 0)
+    # Unknown ends everywhere: the narrow level (nothing says the unit is sooner).
+    blind = [two_level(n.name, n.narrower[0] or "", len(n.free), *((p.name, len(p.devices), None) for p in n.running))
+             for n in nodes]
+    got = choose_place(Job("ml", "j", "u1", 2, NOW - 1000, 600, 3600, tuple(blind), per(8)), NOW)
+    assert got is not None and got.narrowed == 0
+    # A held hold keeps its level through plan (Existing.narrowed).
+    j = Job("ml", "j", "u1", 2, NOW - 1000, 600, 86_400, tuple(nodes), per(8),
+            Existing(HELD, ("a1", "a2"), "A", NOW - 60, NOW + 36_000, 0), narrower_within_s=0)
+    (r,) = plan([j], NOW, 1).reservations
+    assert (r.state, r.place.domain, r.place.nodes, r.place.narrowed) == (HELD, "A", ("a1", "a2"), 0)
+    with pytest.raises(ValueError, match="narrowerWithin"):
+        Job("ml", "j", "u1", 2, NOW, 600, 3600, (), per(8), narrower_within_s=-1)

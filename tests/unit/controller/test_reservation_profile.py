@@ -20,12 +20,15 @@ def prof(spec: dict[str, Any], uid: str = UID) -> ClaimProfile:
 
 
 def test_a_gang_or_whole_server_profile_may_reserve_with_its_own_or_the_default_times() -> None:
-    r = prof({**GANG, "reservation": {"afterWaiting": "1h30m", "maxHold": 600}}).spec.reservation
+    rsv = {"afterWaiting": "1h30m", "maxHold": 600, "narrowerWithin": "2h"}
+    r = prof({**GANG, "reservation": rsv}).spec.reservation
     assert r is not None and r.enabled and r.after_waiting_s == 5400 and r.max_hold_s == 600
+    assert r.narrower_within_s == 7200
     whole = prof({"alternatives": [{"deviceClassName": "gpu-h100", "count": 8},
                                    {"deviceClassName": "gpu-h200", "count": 8}], "reservation": {}})
     r = whole.spec.reservation
     assert r is not None and r.after_waiting_s is None and r.max_hold_s is None  # the controller's defaults
+    assert r.narrower_within_s is None
 
 
 @pytest.mark.parametrize(("spec", "needle"), [
@@ -36,6 +39,7 @@ def test_a_gang_or_whole_server_profile_may_reserve_with_its_own_or_the_default_
     ({**GANG, "reservation": {"afterWaiting": "15 minutes"}},
      "reservation.afterWaiting: '15 minutes' is not a duration"),
     ({**GANG, "reservation": {"maxHold": "0s"}}, "reservation.maxHold must be above 0s"),
+    ({**GANG, "reservation": {"narrowerWithin": "soon"}}, "reservation.narrowerWithin: 'soon' is not a duration"),
     ({**GANG, "reservation": {"afterWaiting": -1}}, "must be between 0s and 7 days"),
     ({**GANG, "reservation": {"afterWaiting": "200h"}}, "must be between 0s and 7 days"),
     ({**GANG, "reservation": {"afterWaiting": True}}, "afterWaiting.int: Input should be a valid integer"),

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from test_controller_operator import PROFILES, FakeKube, add_profile, kube  # noqa: F401 - kube is a fixture
-from test_gang_profile import hgx, node
+from test_gang_profile import held, hgx, node
 
 from topodra import reservations as vocab
 from topodra.apipaths import claim_path, device_taint_rule_path, node_path, pod_path, slices_path, template_path
@@ -198,3 +198,43 @@ def test_a_hold_with_a_known_start_opens_a_backfill_window_and_keeps_its_first_e
     ex = existing_reservations(list(rules(kube).values()), 0.0)
     (only,) = ex.values()  # window rules are not a second reservation
     assert only.nodes == ("n0", "n1", "n2", "n3") and only.expected_start is not None
+
+
+def test_a_gang_holds_its_units_soonest_nodes_unless_a_leaf_starts_it_within_narrower_within(
+        kube: FakeKube) -> None:  # noqa: F811
+    """sameDomain [leafGroup, scalableUnit]: nothing holds the gang now, so its PodGroup gets the unit; the hold
+    goes to a leaf only when that leaf starts it at most narrowerWithin later than the unit's soonest nodes."""
+    labels = {"n0": "l1", "n1": "l1", "n2": "l2", "n3": "l2"}
+    ends = {"n1": 36000, "n2": 3600, "n3": 43200}  # seconds from now each node's one 8-GPU pod still runs
+    for name, leaf in labels.items():
+        kube.create(slices_path(), hgx(name))
+        kube.create(node_path(), node(name, leaf_group=leaf, scalable_unit="su1"))
+        if name in ends:
+            claim = f"{name}-c"
+            kube.create(claim_path("ml"), {"metadata": {"name": claim, "namespace": "ml"}, **held(name)})
+            kube.create(pod_path("ml"), {"metadata": {"name": f"{name}-p", "namespace": "ml"},
+                                         "spec": {"nodeName": name, "activeDeadlineSeconds": ends[name] + 100},
+                                         "status": {"phase": "Running", "startTime": ago(100),
+                                                    "resourceClaimStatuses": [{"name": "gpus",
+                                                                               "resourceClaimName": claim}]}})
+    spec = {**SPEC, "acrossNodes": {"sameDomain": ["leafGroup", "scalableUnit"]}}
+    add_profile(kube, spec)
+    gang_pods(kube, waited=400)
+    res = refresh(kube)["reservation"]
+    # l1 starts the job in 10 h (n1), l2 in 12 h, the unit in 1 h (n0 now, n2 in 1 h): the unit, across leaves.
+    assert (res["state"], res["level"], res["domain"], res["nodes"]) == ("Held", "scalableUnit", "su1", ["n0", "n2"])
+    assert not any(vocab_rule_narrowed(r) for r in rules(kube).values())
+
+    # The profile accepts a leaf up to 10 h later: l1 (10 h <= 1 h + 10 h) is held, and stays held as a leaf.
+    kube.objs[f"{PROFILES}/train"]["spec"] = {**spec, "reservation": {"afterWaiting": "5m", "narrowerWithin": "10h"}}
+    for r in list(rules(kube)):
+        kube.delete(f"{RULES}/{r}")
+    for _ in range(2):
+        res = refresh(kube)["reservation"]
+        assert (res["state"], res["level"], res["domain"], res["nodes"]) == ("Held", "leafGroup", "l1", ["n0", "n1"])
+    holds = [r for r in rules(kube).values() if r["spec"]["taint"]["key"] == vocab.RESERVATION_TAINT_KEY]
+    assert len(holds) == 2 and {vocab_rule_narrowed(r) for r in holds} == {"0"}
+
+
+def vocab_rule_narrowed(rule: Obj) -> str | None:
+    return (rule["metadata"].get("annotations") or {}).get("topodra.io/reservation-narrowed")
