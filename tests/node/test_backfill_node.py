@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from test_plugin_e2e import (  # noqa: F401 - fixtures
-    DRIVER,
     R,
     boot_id_file,
     hardware_config,
@@ -24,7 +23,7 @@ from test_plugin_e2e import (  # noqa: F401 - fixtures
     wait_phase,
 )
 from testkit.handle import ClusterHandle, wait_for
-from testkit.pluginproc import PluginProcess
+from testkit.pluginproc import DRIVER, PluginProcess
 
 from topodra import reservations
 
