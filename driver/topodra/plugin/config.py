@@ -124,6 +124,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("idle_seconds", "a claim is idle once its GPUs stayed below both for this long (default 900)", "SECONDS"),
     Flag("idle_conditions", "true: write the Idle condition into the claim's status.devices and an Event on its "
          "pods when a claim becomes idle or active again; false: metrics only (default true)", "BOOL"),
+    Flag("status_summary_interval", "at most this often per claim, write the GPUs' activity, memory, idle-since "
+         "and held/active seconds into the claim's status.devices[].data (on change, refreshed every 6 intervals; "
+         "0: never; default 300; docs/telemetry.md)", "SECONDS"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
 NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
@@ -172,6 +175,7 @@ class PluginConfig(BaseModel):
     idle_memory_below: float = Field(default=0.10, gt=0, le=1)
     idle_seconds: float = Field(default=900.0, ge=0)
     idle_conditions: bool = True
+    status_summary_interval: float = Field(default=300.0, ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,8 @@ It never takes the node lock and never blocks prepare or unprepare: the claims i
 checkpoint read without the lock (``held``: the file is replaced atomically), the pods from the API server
 (``get_claim``, outside any lock, at most once per claim per ``claim_refresh`` seconds), and it publishes an
 immutable ``Snapshot`` that the /metrics collector reads. Its only API writes are the idle condition and Events,
-on change (``claimstatus``). Any failing read becomes a missing series and a counted error, never an exception
+on change (``claimstatus``), and the per-device summary in the claim's status, on change and at a bounded rate
+(``summary``). Any failing read becomes a missing series and a counted error, never an exception
 out of the loop.
 """
 
@@ -27,6 +28,16 @@ from topodra.telemetry.attribution import ClaimInfo, Holder, claim_rows, holders
 from topodra.telemetry.claimstatus import ClaimStatusWriter, written_idle
 from topodra.telemetry.gpureads import GpuReader, GpuReading, XidEvents
 from topodra.telemetry.ibcounters import PortCounters, read_ports
+from topodra.telemetry.summary import (
+    ClaimSummary,
+    DeviceAccount,
+    DeviceFigures,
+    SummaryData,
+    SummaryPolicy,
+    summary_apply,
+    write_reason,
+    written_summaries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +113,16 @@ class _ClaimCache:
     info: ClaimInfo
     fetched_at: float
     written: bool | None  # the Idle condition's status as the API last showed or we last wrote it
+    summaries: Mapping[str, SummaryData] = field(default_factory=dict)  # as the API showed them when first read
+
+
+@dataclass
+class _SummaryState:
+    accounts: dict[str, DeviceAccount]
+    last: ClaimSummary | None = None  # what was last written (or found written after a restart)
+    last_try: float | None = None  # when the last write failed
+    writes: int = 0
+    seeded: bool = False  # the claim's status was read (and what it showed taken over)
 
 
 class Sampler:
@@ -111,7 +132,8 @@ class Sampler:
                  held: Callable[[], Held], get_claim: Callable[[str, str], dict[str, Any] | None] | None = None,
                  writer: ClaimStatusWriter | None = None, interval: float = 10.0,
                  rule: idlerule.IdleRule | None = None, claim_refresh: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, summary_writer: ClaimStatusWriter | None = None,
+                 summary_policy: SummaryPolicy | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval}")
         self.nvml = nvml
@@ -124,6 +146,10 @@ class Sampler:
         self._held = held
         self._get_claim = get_claim
         self._writer = writer
+        self._summary_writer = summary_writer
+        self.summary_policy = summary_policy or SummaryPolicy()
+        self._summaries: dict[str, _SummaryState] = {}
+        self.summary_writes = 0
         self._clock = clock
         self._lock = threading.Lock()
         self._devices: tuple[Device, ...] = ()
@@ -241,6 +267,9 @@ class Sampler:
             if uid not in held:
                 del self._claims[uid]
                 self._idle.pop(uid, None)
+        for uid in list(self._summaries):
+            if uid not in held:
+                del self._summaries[uid]
         out = {}
         for uid, (ref, _devices) in held.items():
             cached = self._claims.get(uid)
@@ -254,7 +283,9 @@ class Sampler:
                 if obj is not None and (obj.get("metadata") or {}).get("uid") == uid:
                     written = written_idle(obj, self.driver, self.pool)
                     cached = _ClaimCache(ClaimInfo(ref.namespace, ref.name, uid, pods_of(obj)), now,
-                                         written if cached is None else cached.written)
+                                         written if cached is None else cached.written,
+                                         written_summaries(obj, self.driver, self.pool) if cached is None
+                                         else cached.summaries)
                     self._claims[uid] = cached
             out[uid] = cached.info if cached else ClaimInfo(ref.namespace, ref.name, uid)
         return out
@@ -273,6 +304,7 @@ class Sampler:
             is_idle = state.idle(self.rule, now)
             info = infos[uid]
             out.append(ClaimIdle(info, is_idle, state.idle_for(now)))
+            self._account(uid, info, devices, readings, is_idle, state, now)
             # The condition says True once idle, and False only when a sample was above the thresholds: a restart
             # (the clock starts again) or an unread GPU does not clear what the API shows.
             want = True if is_idle else (False if is_below is False else None)
@@ -303,6 +335,54 @@ class Sampler:
             return
         cached.written = is_idle
         log.info("telemetry: claim %s/%s %s", info.namespace, info.name, "is idle" if is_idle else "is active again")
+
+    def _account(self, uid: str, info: ClaimInfo, devices: frozenset[HeldDevice],
+                 readings: Mapping[str, GpuReading], is_idle: bool, state: idlerule.IdleState, now: float) -> None:
+        """Add this sample to the claim's per-device accounts; write its summary when ``write_reason`` says so."""
+        mine = {d: share for pool, d, share in devices if pool == self.pool and d in readings}
+        st = self._summaries.setdefault(uid, _SummaryState({}))
+        if not st.seeded and uid in self._claims:
+            self._seed(st, self._claims[uid].summaries, now)
+        p = self.summary_policy
+        for name in mine:
+            r = readings[name]
+            acct = st.accounts.setdefault(name, DeviceAccount())
+            active = idlerule.below(self.rule, [idlerule.GpuLevel(r.activity, r.memory_ratio)])
+            acct.add(now, r.activity, r.memory_ratio, None if active is None else not active, p.window,
+                     3 * self.interval)
+        summary = ClaimSummary(now, is_idle, state.below_since if is_idle else None,
+                               {n: st.accounts[n].figures() for n in mine})
+        if self._summary_writer is None or uid not in self._claims:
+            return  # nothing known of the claim's status yet: wait for the first read
+        if write_reason(p, st.last, summary, st.last_try) is None:
+            return
+        body = summary_apply(info.namespace, info.name, uid, self.driver, self.pool, summary, p.window, mine)
+        try:
+            self._summary_writer.apply_summary(info.namespace, info.name, body)
+        except Exception as e:
+            self._api_errors += 1
+            st.last_try = now
+            log.warning("telemetry: cannot write the summary of claim %s/%s: %s", info.namespace, info.name, e)
+            return
+        st.last, st.last_try = summary, None
+        st.writes += 1
+        self.summary_writes += 1
+
+    @staticmethod
+    def _seed(st: _SummaryState, found: Mapping[str, SummaryData], now: float) -> None:
+        """Continue from the summary the API shows (a restarted plugin keeps the seconds and the write schedule:
+        the plugins of a cluster restarting at once do not all write at once)."""
+        st.seeded = True
+        if not found or st.writes:
+            return
+        for n, d in found.items():
+            acct = st.accounts.setdefault(n, DeviceAccount())
+            acct.allocated_seconds += d.allocated_seconds
+            acct.active_seconds += d.active_seconds
+        first = next(iter(found.values()))
+        st.last = ClaimSummary(min(first.observed, now), first.idle, first.idle_since_s,
+                               {n: DeviceFigures(d.activity, d.memory_used, d.allocated_seconds, d.active_seconds)
+                                for n, d in found.items()})
 
     # ----- thread
 

@@ -1,0 +1,224 @@
+"""The per-device telemetry summary in a claim's status (pure): what it says, and when it is written.
+
+Beside the ``Idle`` condition, the plugin writes a small JSON object into ``ResourceClaim.status.devices[].data``
+of each whole GPU of the claim on its node: the mean compute activity and memory-in-use share over the last
+``window`` seconds, whether the claim is idle and since when, and the seconds the claim has held the device
+(``allocatedSeconds``) and, of those, the seconds it was above the idle thresholds (``activeSeconds``).
+``topodra inventory`` reads it from the claims it already lists (per-node activity, per-namespace GPU-hours).
+
+Kubernetes v1.37.2: ``AllocatedDeviceStatus.Data`` is a ``runtime.RawExtension``, "arbitrary driver-specific
+data" whose raw length "must be smaller or equal to 10 Ki" (k8s.io/api@v0.37.2 resource/v1/types.go:2604-2609,
+``AllocatedDeviceStatusDataMaxLength`` = 10 * 1024 at types.go:2539); validation wants a JSON object
+(pkg/apis/resource/validation/validation.go:1823-1848, ``validateRawExtension``). One entry here is ~250 bytes.
+
+Rate: a claim's summary is written when it is first seen, when the claim turns idle or active, when a device's
+activity or memory share moved by ``delta`` or more since the last write, or when the last write is
+``max_interval`` old (the accumulated seconds go stale otherwise), and in every case at most once per
+``min_interval`` per claim (a failed write is tried again after ``retry``). Never once per sample: at 2,048 nodes
+with one claim per GPU that bounds the writes at 16,384 / ``min_interval`` per second (bench/scale ``--rows
+status-writes`` measures the real rate, docs/telemetry.md).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SUMMARY_KIND = "GPUTelemetrySummary"
+SUMMARY_VERSION = 1
+DEFAULT_MIN_INTERVAL = 300.0
+DEFAULT_MAX_INTERVAL = 1800.0
+DEFAULT_DELTA = 0.10
+DEFAULT_WINDOW = 60.0
+DEFAULT_RETRY = 60.0
+DATA_MAX_BYTES = 10 * 1024  # AllocatedDeviceStatusDataMaxLength (k8s.io/api@v0.37.2 resource/v1/types.go:2539)
+
+# Why a write happens (the bench counts them by reason).
+FIRST, STATE, CHANGE, REFRESH = "first", "state", "change", "refresh"
+
+
+class SummaryPolicy(BaseModel):
+    """When to write; defaults: a summary at most every 5 minutes per claim, refreshed at least every 30."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_interval: float = Field(default=DEFAULT_MIN_INTERVAL, gt=0)
+    max_interval: float = Field(default=DEFAULT_MAX_INTERVAL, gt=0)
+    delta: float = Field(default=DEFAULT_DELTA, gt=0, le=1)
+    window: float = Field(default=DEFAULT_WINDOW, gt=0)
+    retry: float = Field(default=DEFAULT_RETRY, gt=0)
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """One device's figures; ``activity``/``memory`` None when no sample of the window was read."""
+
+    activity: float | None
+    memory: float | None
+    allocated_seconds: float
+    active_seconds: float
+
+
+@dataclass(frozen=True)
+class ClaimSummary:
+    at: float
+    idle: bool
+    idle_since: float | None  # start of the current run of below-threshold samples, when idle
+    devices: Mapping[str, DeviceFigures]
+
+
+@dataclass
+class DeviceAccount:
+    """One device of one claim: its recent samples and the seconds accumulated (mutable, one per device)."""
+
+    allocated_seconds: float = 0.0
+    active_seconds: float = 0.0
+    last_at: float | None = None
+    samples: deque[tuple[float, float | None, float | None]] = field(default_factory=deque)
+
+    def add(self, now: float, activity: float | None, memory: float | None, active: bool | None,
+            window: float, max_gap: float) -> None:
+        """One sample at ``now``. The time since the previous one counts as held (and as active when this sample
+        was above the thresholds), up to ``max_gap`` (a stalled sampler does not invent seconds)."""
+        if self.last_at is not None:
+            dt = min(max(0.0, now - self.last_at), max_gap)
+            self.allocated_seconds += dt
+            if active:
+                self.active_seconds += dt
+        self.last_at = now
+        self.samples.append((now, activity, memory))
+        while self.samples and self.samples[0][0] <= now - window:
+            self.samples.popleft()
+
+    def figures(self) -> DeviceFigures:
+        acts = [a for _t, a, _m in self.samples if a is not None]
+        mems = [m for _t, _a, m in self.samples if m is not None]
+        return DeviceFigures(sum(acts) / len(acts) if acts else None, sum(mems) / len(mems) if mems else None,
+                             self.allocated_seconds, self.active_seconds)
+
+
+def _moved(a: float | None, b: float | None, delta: float) -> bool:
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    return abs(a - b) >= delta
+
+
+def write_reason(policy: SummaryPolicy, last: ClaimSummary | None, now: ClaimSummary,
+                 last_try: float | None = None) -> str | None:
+    """Why ``now`` should be written (FIRST, STATE, CHANGE, REFRESH), or None: not now.
+
+    ``last`` is what was last written (None: nothing yet), ``last_try`` when the last write failed."""
+    if last_try is not None and now.at - last_try < min(policy.retry, policy.min_interval):
+        return None
+    if last is None:
+        return FIRST
+    age = now.at - last.at
+    if age < policy.min_interval:
+        return None
+    if now.idle != last.idle:
+        return STATE
+    if set(now.devices) != set(last.devices):
+        return CHANGE
+    for name, fig in now.devices.items():
+        old = last.devices[name]
+        if _moved(fig.activity, old.activity, policy.delta) or _moved(fig.memory, old.memory, policy.delta):
+            return CHANGE
+    if age >= policy.max_interval:
+        return REFRESH
+    return None
+
+
+def stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def device_data(s: ClaimSummary, device: str, window: float) -> dict[str, Any]:
+    """The ``data`` object of one device entry (JSON, well under DATA_MAX_BYTES)."""
+    f = s.devices[device]
+    out: dict[str, Any] = {"kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "observedAt": stamp(s.at),
+                           "windowSeconds": round(window), "idle": s.idle,
+                           "allocatedSeconds": round(f.allocated_seconds), "activeSeconds": round(f.active_seconds)}
+    if f.activity is not None:
+        out["activity"] = _round(f.activity)
+    if f.memory is not None:
+        out["memoryUsed"] = _round(f.memory)
+    if s.idle and s.idle_since is not None:
+        out["idleSince"] = stamp(s.idle_since)
+    return out
+
+
+class SummaryData(BaseModel):
+    """The ``data`` object as read back (the inventory, a restarted plugin); extra keys are ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    kind: str
+    version: int
+    observed_at: str = Field(alias="observedAt")
+    window_seconds: float = Field(default=DEFAULT_WINDOW, alias="windowSeconds", ge=0)
+    idle: bool = False
+    idle_since: str | None = Field(default=None, alias="idleSince")
+    allocated_seconds: float = Field(default=0.0, alias="allocatedSeconds", ge=0)
+    active_seconds: float = Field(default=0.0, alias="activeSeconds", ge=0)
+    activity: float | None = Field(default=None, ge=0, le=1)
+    memory_used: float | None = Field(default=None, alias="memoryUsed", ge=0, le=1)
+
+    @property
+    def observed(self) -> float:
+        return parse_stamp(self.observed_at)
+
+    @property
+    def idle_since_s(self) -> float | None:
+        return parse_stamp(self.idle_since) if self.idle_since else None
+
+
+def read_data(data: Any) -> SummaryData | None:
+    """A device entry's ``data`` if it is a summary of this kind and version, else None (another writer's
+    data, an older format, or a value that does not parse)."""
+    if not isinstance(data, dict) or data.get("kind") != SUMMARY_KIND or data.get("version") != SUMMARY_VERSION:
+        return None
+    try:
+        got = SummaryData.model_validate(data)
+        _ = (got.observed, got.idle_since_s)  # the time stamps parse, or the entry is not used
+    except (ValidationError, ValueError):
+        return None
+    return got
+
+
+def written_summaries(claim: Mapping[str, Any], driver: str, pool: str) -> dict[str, SummaryData]:
+    """device name -> the summary the claim carries now on this driver's devices of ``pool``."""
+    out = {}
+    for d in (claim.get("status") or {}).get("devices") or []:
+        if d.get("driver") == driver and d.get("pool") == pool:
+            got = read_data(d.get("data"))
+            if got is not None:
+                out[str(d.get("device"))] = got
+    return out
+
+
+def summary_apply(namespace: str, name: str, uid: str, driver: str, pool: str, s: ClaimSummary,
+                  window: float, shares: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """The server-side apply configuration of the claim's summaries (pure): one entry per device of ``s``
+    (with its ``shareID`` when the claim holds a share of it: the entry must name an allocated device)."""
+    entries = []
+    for dev in sorted(s.devices):
+        e: dict[str, Any] = {"driver": driver, "pool": pool, "device": dev, "data": device_data(s, dev, window)}
+        share = (shares or {}).get(dev)
+        if share:
+            e["shareID"] = share
+        entries.append(e)
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid}, "status": {"devices": entries}}
