@@ -29,13 +29,11 @@ from topodra.telemetry.claimstatus import ClaimStatusWriter, written_idle
 from topodra.telemetry.gpureads import GpuReader, GpuReading, XidEvents
 from topodra.telemetry.ibcounters import PortCounters, read_ports
 from topodra.telemetry.summary import (
-    ClaimSummary,
-    DeviceAccount,
-    DeviceFigures,
+    ClaimTrack,
     SummaryData,
     SummaryPolicy,
+    first_delay,
     summary_apply,
-    write_reason,
     written_summaries,
 )
 
@@ -116,15 +114,6 @@ class _ClaimCache:
     summaries: Mapping[str, SummaryData] = field(default_factory=dict)  # as the API showed them when first read
 
 
-@dataclass
-class _SummaryState:
-    accounts: dict[str, DeviceAccount]
-    last: ClaimSummary | None = None  # what was last written (or found written after a restart)
-    last_try: float | None = None  # when the last write failed
-    writes: int = 0
-    seeded: bool = False  # the claim's status was read (and what it showed taken over)
-
-
 class Sampler:
     """``round()`` is one sample; ``start()`` runs rounds every ``interval`` seconds in a thread."""
 
@@ -148,7 +137,7 @@ class Sampler:
         self._writer = writer
         self._summary_writer = summary_writer
         self.summary_policy = summary_policy or SummaryPolicy()
-        self._summaries: dict[str, _SummaryState] = {}
+        self._summaries: dict[str, ClaimTrack] = {}
         self.summary_writes = 0
         self._clock = clock
         self._lock = threading.Lock()
@@ -340,49 +329,32 @@ class Sampler:
                  readings: Mapping[str, GpuReading], is_idle: bool, state: idlerule.IdleState, now: float) -> None:
         """Add this sample to the claim's per-device accounts; write its summary when ``write_reason`` says so."""
         mine = {d: share for pool, d, share in devices if pool == self.pool and d in readings}
-        st = self._summaries.setdefault(uid, _SummaryState({}))
+        st = self._summaries.get(uid)
+        if st is None:
+            st = self._summaries[uid] = ClaimTrack(delay=first_delay(uid, self.summary_policy))
         if not st.seeded and uid in self._claims:
-            self._seed(st, self._claims[uid].summaries, now)
+            st.seed(self._claims[uid].summaries, now)
         p = self.summary_policy
+        levels = {}
         for name in mine:
             r = readings[name]
-            acct = st.accounts.setdefault(name, DeviceAccount())
-            active = idlerule.below(self.rule, [idlerule.GpuLevel(r.activity, r.memory_ratio)])
-            acct.add(now, r.activity, r.memory_ratio, None if active is None else not active, p.window,
-                     3 * self.interval)
-        summary = ClaimSummary(now, is_idle, state.below_since if is_idle else None,
-                               {n: st.accounts[n].figures() for n in mine})
+            below = idlerule.below(self.rule, [idlerule.GpuLevel(r.activity, r.memory_ratio)])
+            levels[name] = (r.activity, r.memory_ratio, None if below is None else not below)
+        summary = st.observe(now, levels, is_idle, state.below_since, p, 3 * self.interval)
         if self._summary_writer is None or uid not in self._claims:
             return  # nothing known of the claim's status yet: wait for the first read
-        if write_reason(p, st.last, summary, st.last_try) is None:
+        if st.due(p, summary) is None:
             return
         body = summary_apply(info.namespace, info.name, uid, self.driver, self.pool, summary, p.window, mine)
         try:
             self._summary_writer.apply_summary(info.namespace, info.name, body)
         except Exception as e:
             self._api_errors += 1
-            st.last_try = now
+            st.failed(now)
             log.warning("telemetry: cannot write the summary of claim %s/%s: %s", info.namespace, info.name, e)
             return
-        st.last, st.last_try = summary, None
-        st.writes += 1
+        st.wrote(summary)
         self.summary_writes += 1
-
-    @staticmethod
-    def _seed(st: _SummaryState, found: Mapping[str, SummaryData], now: float) -> None:
-        """Continue from the summary the API shows (a restarted plugin keeps the seconds and the write schedule:
-        the plugins of a cluster restarting at once do not all write at once)."""
-        st.seeded = True
-        if not found or st.writes:
-            return
-        for n, d in found.items():
-            acct = st.accounts.setdefault(n, DeviceAccount())
-            acct.allocated_seconds += d.allocated_seconds
-            acct.active_seconds += d.active_seconds
-        first = next(iter(found.values()))
-        st.last = ClaimSummary(min(first.observed, now), first.idle, first.idle_since_s,
-                               {n: DeviceFigures(d.activity, d.memory_used, d.allocated_seconds, d.active_seconds)
-                                for n, d in found.items()})
 
     # ----- thread
 

@@ -14,13 +14,18 @@ data" whose raw length "must be smaller or equal to 10 Ki" (k8s.io/api@v0.37.2 r
 Rate: a claim's summary is written when it is first seen, when the claim turns idle or active, when a device's
 activity or memory share moved by ``delta`` or more since the last write, or when the last write is
 ``max_interval`` old (the accumulated seconds go stale otherwise), and in every case at most once per
-``min_interval`` per claim (a failed write is tried again after ``retry``). Never once per sample: at 2,048 nodes
-with one claim per GPU that bounds the writes at 16,384 / ``min_interval`` per second (bench/scale ``--rows
-status-writes`` measures the real rate, docs/telemetry.md).
+``min_interval`` per claim (a failed write is tried again after ``retry``). A claim's first write waits a delay
+drawn from its UID in [0, ``first_spread`` x ``min_interval``): when topodra is installed on a running cluster,
+every plugin finds every claim at once, and without the spread all first writes, and every later write locked
+to them, would land in the same 10 seconds. A restarted plugin takes over what the claim shows (``seed``) and
+does not write first. Never once per sample: any ``min_interval``-long window holds at most one summary write
+per claim, so at 2,048 nodes with one claim per GPU at most 16,384 / ``min_interval`` per second on average over
+that window (bench/scale ``--rows status-writes`` measures the rate, docs/telemetry.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +57,13 @@ class SummaryPolicy(BaseModel):
     delta: float = Field(default=DEFAULT_DELTA, gt=0, le=1)
     window: float = Field(default=DEFAULT_WINDOW, gt=0)
     retry: float = Field(default=DEFAULT_RETRY, gt=0)
+    first_spread: float = Field(default=1.0, ge=0, le=1)  # share of min_interval a first write may wait
+
+
+def first_delay(uid: str, policy: SummaryPolicy) -> float:
+    """How long a claim's first summary waits: the same for a UID on every plugin, uniform over the spread."""
+    frac = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:4], "big") / 2**32
+    return frac * policy.first_spread * policy.min_interval
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,59 @@ class DeviceAccount:
         mems = [m for _t, _a, m in self.samples if m is not None]
         return DeviceFigures(sum(acts) / len(acts) if acts else None, sum(mems) / len(mems) if mems else None,
                              self.allocated_seconds, self.active_seconds)
+
+
+@dataclass
+class ClaimTrack:
+    """One claim's summary state on its node: per-device accounts, what was last written, failed tries.
+    The sampler keeps one per claim; bench/scale's write-rate row drives the same object."""
+
+    accounts: dict[str, DeviceAccount] = field(default_factory=dict)
+    last: ClaimSummary | None = None  # last written (or found written after a restart)
+    last_try: float | None = None  # when the last write failed
+    writes: int = 0
+    seeded: bool = False  # the claim's status was read and what it showed taken over
+    delay: float = 0.0  # the first write waits this long after the first sample (``first_delay``)
+    first_seen: float | None = None
+
+    def observe(self, now: float, levels: Mapping[str, tuple[float | None, float | None, bool | None]],
+                idle: bool, idle_since: float | None, policy: SummaryPolicy, max_gap: float) -> ClaimSummary:
+        """Add one sample (device -> activity, memory share, above the idle thresholds) and return the summary
+        as of ``now``."""
+        if self.first_seen is None:
+            self.first_seen = now
+        for name, (activity, memory, active) in levels.items():
+            self.accounts.setdefault(name, DeviceAccount()).add(now, activity, memory, active, policy.window,
+                                                                max_gap)
+        return ClaimSummary(now, idle, idle_since if idle else None,
+                            {n: self.accounts[n].figures() for n in levels})
+
+    def due(self, policy: SummaryPolicy, summary: ClaimSummary) -> str | None:
+        if self.last is None and self.first_seen is not None and summary.at - self.first_seen < self.delay:
+            return None
+        return write_reason(policy, self.last, summary, self.last_try)
+
+    def wrote(self, summary: ClaimSummary) -> None:
+        self.last, self.last_try = summary, None
+        self.writes += 1
+
+    def failed(self, now: float) -> None:
+        self.last_try = now
+
+    def seed(self, found: Mapping[str, SummaryData], now: float) -> None:
+        """Continue from the summary the API shows (a restarted plugin keeps the seconds and the write schedule:
+        the plugins of a cluster restarting at once do not all write at once)."""
+        self.seeded = True
+        if not found or self.writes:
+            return
+        for n, d in found.items():
+            acct = self.accounts.setdefault(n, DeviceAccount())
+            acct.allocated_seconds += d.allocated_seconds
+            acct.active_seconds += d.active_seconds
+        first = next(iter(found.values()))
+        self.last = ClaimSummary(min(first.observed, now), first.idle, first.idle_since_s,
+                                 {n: DeviceFigures(d.activity, d.memory_used, d.allocated_seconds, d.active_seconds)
+                                  for n, d in found.items()})
 
 
 def _moved(a: float | None, b: float | None, delta: float) -> bool:

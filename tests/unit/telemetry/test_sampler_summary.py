@@ -18,7 +18,7 @@ GIB = 1 << 30
 BUSY = {"utilGpu": 90, "memoryUsed": 20 * GIB, "smActivity": 70.0}
 HELD = {"uid-1": (ClaimRef(namespace="team-a", uid="uid-1", name="train"),
                   frozenset({("n1", "gpu-0", None), ("n1", "gpu-1", None)}))}
-POLICY = SummaryPolicy(min_interval=300, max_interval=1800, delta=0.1, window=30)
+POLICY = SummaryPolicy(min_interval=300, max_interval=1800, delta=0.1, window=30, first_spread=0)
 
 
 class Clock:

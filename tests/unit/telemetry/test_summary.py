@@ -11,10 +11,12 @@ from topodra.telemetry.summary import (
     REFRESH,
     STATE,
     ClaimSummary,
+    ClaimTrack,
     DeviceAccount,
     DeviceFigures,
     SummaryPolicy,
     device_data,
+    first_delay,
     read_data,
     summary_apply,
     write_reason,
@@ -99,3 +101,18 @@ def test_summary_apply_names_this_drivers_devices_with_their_share() -> None:
                                                "data": entries[1]["data"]}]}}
     assert set(written_summaries(claim, "gpu.topodra.io", "n1")) == {"gpu-0", "gpu-1"}
     assert written_summaries(claim, "gpu.topodra.io", "n2") == {}
+
+
+def test_first_writes_are_spread_over_min_interval_by_uid() -> None:
+    delays = [first_delay(f"uid-{i}", P) for i in range(2000)]
+    assert all(0 <= d < 300 for d in delays) and first_delay("uid-7", P) == delays[7]  # same on every plugin
+    assert min(delays) < 5 and max(delays) > 295 and 135 < sum(delays) / len(delays) < 165
+    assert first_delay("uid-7", P.model_copy(update={"first_spread": 0.0})) == 0.0
+    t = ClaimTrack(delay=100.0)
+    levels: dict[str, tuple[float | None, float | None, bool | None]] = {"gpu-0": (0.5, 0.3, True)}
+    assert t.due(P, t.observe(T0, levels, False, None, P, 30)) is None
+    assert t.due(P, t.observe(T0 + 90, levels, False, None, P, 30)) is None
+    first = t.observe(T0 + 100, levels, False, None, P, 30)
+    assert t.due(P, first) == FIRST
+    t.wrote(first)
+    assert t.due(P, t.observe(T0 + 110, levels, False, None, P, 30)) is None
