@@ -32,7 +32,7 @@ from topodra.telemetry.summary import (
     ClaimTrack,
     SummaryData,
     SummaryPolicy,
-    first_delay,
+    slot_of,
     summary_apply,
     written_summaries,
 )
@@ -331,7 +331,7 @@ class Sampler:
         mine = {d: share for pool, d, share in devices if pool == self.pool and d in readings}
         st = self._summaries.get(uid)
         if st is None:
-            st = self._summaries[uid] = ClaimTrack(delay=first_delay(uid, self.summary_policy))
+            st = self._summaries[uid] = ClaimTrack(slot=slot_of(uid, self.summary_policy))
         if not st.seeded and uid in self._claims:
             st.seed(self._claims[uid].summaries, now)
         p = self.summary_policy
@@ -350,7 +350,6 @@ class Sampler:
             self._summary_writer.apply_summary(info.namespace, info.name, body)
         except Exception as e:
             self._api_errors += 1
-            st.failed(now)
             log.warning("telemetry: cannot write the summary of claim %s/%s: %s", info.namespace, info.name, e)
             return
         st.wrote(summary)

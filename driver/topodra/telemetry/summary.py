@@ -11,21 +11,24 @@ data" whose raw length "must be smaller or equal to 10 Ki" (k8s.io/api@v0.37.2 r
 ``AllocatedDeviceStatusDataMaxLength`` = 10 * 1024 at types.go:2539); validation wants a JSON object
 (pkg/apis/resource/validation/validation.go:1823-1848, ``validateRawExtension``). One entry here is ~250 bytes.
 
-Rate: a claim's summary is written when it is first seen, when the claim turns idle or active, when a device's
-activity or memory share moved by ``delta`` or more since the last write, or when the last write is
-``max_interval`` old (the accumulated seconds go stale otherwise), and in every case at most once per
-``min_interval`` per claim (a failed write is tried again after ``retry``). A claim's first write waits a delay
-drawn from its UID in [0, ``first_spread`` x ``min_interval``): when topodra is installed on a running cluster,
-every plugin finds every claim at once, and without the spread all first writes, and every later write locked
-to them, would land in the same 10 seconds. A restarted plugin takes over what the claim shows (``seed``) and
-does not write first. Never once per sample: any ``min_interval``-long window holds at most one summary write
-per claim, so at 2,048 nodes with one claim per GPU at most 16,384 / ``min_interval`` per second on average over
-that window (bench/scale ``--rows status-writes`` measures the rate, docs/telemetry.md).
+Rate: each claim has a **slot**, an offset in [0, ``min_interval``) drawn from its UID (``slot_of``), and may write
+only in the first sampling round at or after each of its slot times (offset + k x ``min_interval``, absolute
+time): at most once per ``min_interval``, and the claims of a cluster spread evenly over it whatever happens to
+them at the same moment (topodra installed on a running cluster: every plugin finds every claim at once and
+flags every idle one 15 minutes later). At its slot a claim writes when there is a reason (``write_reason``):
+first sight, the claim turned idle or active, a device's activity or memory share moved by ``delta`` or more
+since the last write, or the last write is about ``max_interval`` old (the seconds go stale otherwise). A failed
+write is tried at the next slot. A restarted plugin takes over what the claim shows (``seed``) and keeps the slot,
+the same on every plugin. So every round writes at most the claims whose slot falls into it: at 2,048 nodes with
+one claim per GPU, about 16,384 x 10 s / 300 s = 546 per 10 s round, 54.6/s (bench/scale ``--rows
+status-writes`` measures the rate, docs/telemetry.md). The Idle condition (``claimstatus``) is not slotted: users
+and alerts act on it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,7 +43,6 @@ DEFAULT_MIN_INTERVAL = 300.0
 DEFAULT_MAX_INTERVAL = 1800.0
 DEFAULT_DELTA = 0.10
 DEFAULT_WINDOW = 60.0
-DEFAULT_RETRY = 60.0
 DATA_MAX_BYTES = 10 * 1024  # AllocatedDeviceStatusDataMaxLength (k8s.io/api@v0.37.2 resource/v1/types.go:2539)
 
 # Why a write happens (the bench counts them by reason).
@@ -56,14 +58,22 @@ class SummaryPolicy(BaseModel):
     max_interval: float = Field(default=DEFAULT_MAX_INTERVAL, gt=0)
     delta: float = Field(default=DEFAULT_DELTA, gt=0, le=1)
     window: float = Field(default=DEFAULT_WINDOW, gt=0)
-    retry: float = Field(default=DEFAULT_RETRY, gt=0)
-    first_spread: float = Field(default=1.0, ge=0, le=1)  # share of min_interval a first write may wait
+    spread: float = Field(default=1.0, ge=0, le=1)  # share of min_interval the claims' slots spread over
 
 
-def first_delay(uid: str, policy: SummaryPolicy) -> float:
-    """How long a claim's first summary waits: the same for a UID on every plugin, uniform over the spread."""
+def slot_of(uid: str, policy: SummaryPolicy) -> float:
+    """A claim's slot offset in [0, spread x min_interval): the same for a UID on every plugin, uniform."""
     frac = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:4], "big") / 2**32
-    return frac * policy.first_spread * policy.min_interval
+    return frac * policy.spread * policy.min_interval
+
+
+def next_slot(now: float, slot: float, period: float, after: bool) -> float:
+    """The first slot time (``slot`` + k x ``period``) at or after ``now`` (strictly after with ``after``)."""
+    k = math.floor((now - slot) / period)
+    t = slot + k * period
+    while t < now or (after and t == now):
+        t += period
+    return t
 
 
 @dataclass(frozen=True)
@@ -116,23 +126,20 @@ class DeviceAccount:
 
 @dataclass
 class ClaimTrack:
-    """One claim's summary state on its node: per-device accounts, what was last written, failed tries.
+    """One claim's summary state on its node: per-device accounts, what was last written, its slot.
     The sampler keeps one per claim; bench/scale's write-rate row drives the same object."""
 
+    slot: float = 0.0  # ``slot_of`` the claim's UID
     accounts: dict[str, DeviceAccount] = field(default_factory=dict)
     last: ClaimSummary | None = None  # last written (or found written after a restart)
-    last_try: float | None = None  # when the last write failed
     writes: int = 0
     seeded: bool = False  # the claim's status was read and what it showed taken over
-    delay: float = 0.0  # the first write waits this long after the first sample (``first_delay``)
-    first_seen: float | None = None
+    next_at: float | None = None  # the next slot time (None: before the first sample)
 
     def observe(self, now: float, levels: Mapping[str, tuple[float | None, float | None, bool | None]],
                 idle: bool, idle_since: float | None, policy: SummaryPolicy, max_gap: float) -> ClaimSummary:
         """Add one sample (device -> activity, memory share, above the idle thresholds) and return the summary
         as of ``now``."""
-        if self.first_seen is None:
-            self.first_seen = now
         for name, (activity, memory, active) in levels.items():
             self.accounts.setdefault(name, DeviceAccount()).add(now, activity, memory, active, policy.window,
                                                                 max_gap)
@@ -140,16 +147,19 @@ class ClaimTrack:
                             {n: self.accounts[n].figures() for n in levels})
 
     def due(self, policy: SummaryPolicy, summary: ClaimSummary) -> str | None:
-        if self.last is None and self.first_seen is not None and summary.at - self.first_seen < self.delay:
+        """Why to write ``summary`` now, or None: only in the first round at or after a slot time, and only for a
+        reason (``write_reason``). Each slot is used once, written or not (a failed write waits for the next)."""
+        now = summary.at
+        if self.next_at is None:
+            self.next_at = next_slot(now, self.slot, policy.min_interval, after=False)
+        if now < self.next_at:
             return None
-        return write_reason(policy, self.last, summary, self.last_try)
+        self.next_at = next_slot(now, self.slot, policy.min_interval, after=True)
+        return write_reason(policy, self.last, summary)
 
     def wrote(self, summary: ClaimSummary) -> None:
-        self.last, self.last_try = summary, None
+        self.last = summary
         self.writes += 1
-
-    def failed(self, now: float) -> None:
-        self.last_try = now
 
     def seed(self, found: Mapping[str, SummaryData], now: float) -> None:
         """Continue from the summary the API shows (a restarted plugin keeps the seconds and the write schedule:
@@ -173,18 +183,13 @@ def _moved(a: float | None, b: float | None, delta: float) -> bool:
     return abs(a - b) >= delta
 
 
-def write_reason(policy: SummaryPolicy, last: ClaimSummary | None, now: ClaimSummary,
-                 last_try: float | None = None) -> str | None:
-    """Why ``now`` should be written (FIRST, STATE, CHANGE, REFRESH), or None: not now.
-
-    ``last`` is what was last written (None: nothing yet), ``last_try`` when the last write failed."""
-    if last_try is not None and now.at - last_try < min(policy.retry, policy.min_interval):
-        return None
+def write_reason(policy: SummaryPolicy, last: ClaimSummary | None, now: ClaimSummary) -> str | None:
+    """Why ``now`` differs enough from ``last`` (what was last written; None: nothing yet) to be written: FIRST,
+    STATE, CHANGE, REFRESH, or None. Asked at the claim's slots only (``ClaimTrack.due``), so a refresh is due at
+    the slot nearest ``max_interval`` after the last write."""
     if last is None:
         return FIRST
     age = now.at - last.at
-    if age < policy.min_interval:
-        return None
     if now.idle != last.idle:
         return STATE
     if set(now.devices) != set(last.devices):
@@ -193,7 +198,7 @@ def write_reason(policy: SummaryPolicy, last: ClaimSummary | None, now: ClaimSum
         old = last.devices[name]
         if _moved(fig.activity, old.activity, policy.delta) or _moved(fig.memory, old.memory, policy.delta):
             return CHANGE
-    if age >= policy.max_interval:
+    if age >= policy.max_interval - policy.min_interval / 2:
         return REFRESH
     return None
 

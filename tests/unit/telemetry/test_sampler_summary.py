@@ -1,5 +1,6 @@
-"""The sampler writes the per-device summary on the mock node: first sight, then only on change and at most once
-per ``min_interval``, never per sample; a restarted sampler continues from what the claim shows."""
+"""The sampler writes the per-device summary on the mock node: first sight, then only on change and only at the
+claim's slots (once per ``min_interval`` at most), never per sample; a restarted sampler continues from what the
+claim shows."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ GIB = 1 << 30
 BUSY = {"utilGpu": 90, "memoryUsed": 20 * GIB, "smActivity": 70.0}
 HELD = {"uid-1": (ClaimRef(namespace="team-a", uid="uid-1", name="train"),
                   frozenset({("n1", "gpu-0", None), ("n1", "gpu-1", None)}))}
-POLICY = SummaryPolicy(min_interval=300, max_interval=1800, delta=0.1, window=30, first_spread=0)
+POLICY = SummaryPolicy(min_interval=300, max_interval=1800, delta=0.1, window=30, spread=0)  # slots: k x 300 s
 
 
 class Clock:
@@ -89,7 +90,9 @@ def test_written_on_change_at_a_bounded_rate(tmp_path: Path) -> None:
     assert len(rec.bodies) == 4
     d = data(rec.bodies[3], "gpu-1")
     assert d["activity"] == 0.0 and d["idle"] is False  # below, not yet idle (600 s)
-    run(s, clock, 310)  # idle after 600 s below: the state change is written
+    run(s, clock, 300)  # idle after 600 s below (at 2,720 s): not yet at the slot of 2,700 s
+    assert len(rec.bodies) == 4
+    run(s, clock, 300)  # the state change is written at the next slot, 3,000 s
     assert len(rec.bodies) == 5
     d = data(rec.bodies[4], "gpu-0")
     assert d["idle"] is True and "idleSince" in d and d["activeSeconds"] < d["allocatedSeconds"] - 600
@@ -102,7 +105,7 @@ def test_a_restarted_sampler_continues_the_seconds_and_the_schedule(tmp_path: Pa
     s, clock, rec, faults = setup(tmp_path, claim)
     faults.write_text(json.dumps({"gpus": {"0": {"telemetry": BUSY}, "1": {"telemetry": BUSY}}}))
     run(s, clock, 310)
-    assert len(rec.bodies) == 2  # first sight, and the change to SM activity 300 s later
+    assert len(rec.bodies) == 1  # first sight, at the first slot (300 s)
     first = rec.bodies[-1]
     claim["status"] = first["status"]  # what the API shows after the apply
     s2, clock2, rec2, faults2 = setup(tmp_path / "2", claim)

@@ -16,14 +16,15 @@ from topodra.telemetry.summary import (
     DeviceFigures,
     SummaryPolicy,
     device_data,
-    first_delay,
+    next_slot,
     read_data,
+    slot_of,
     summary_apply,
     write_reason,
     written_summaries,
 )
 
-P = SummaryPolicy(min_interval=300, max_interval=1800, delta=0.1, window=60, retry=60)
+P = SummaryPolicy(min_interval=300, max_interval=1800, delta=0.1, window=60)
 T0 = 1_800_000_000.0
 
 
@@ -49,25 +50,39 @@ def test_account_counts_held_and_active_seconds_and_keeps_a_window() -> None:
     assert (empty.figures().activity, empty.figures().memory) == (None, None)
 
 
-def test_write_reason_first_then_bounded_by_min_interval() -> None:
+def test_write_reason_first_state_change_refresh() -> None:
     assert write_reason(P, None, s(T0)) == FIRST
     last = s(T0)
-    # A state change or a big move waits for min_interval.
-    assert write_reason(P, last, s(T0 + 299, act=0.0, mem=0.0, idle=True)) is None
     assert write_reason(P, last, s(T0 + 300, act=0.0, mem=0.0, idle=True)) == STATE
     assert write_reason(P, last, s(T0 + 300, act=0.61)) == CHANGE
     assert write_reason(P, last, s(T0 + 300, mem=0.41)) == CHANGE
     assert write_reason(P, last, s(T0 + 300, act=None)) == CHANGE  # a GPU no longer read
-    # Small moves are not written until the refresh.
-    assert write_reason(P, last, s(T0 + 1799, act=0.55, mem=0.35)) is None
-    assert write_reason(P, last, s(T0 + 1800, act=0.55, mem=0.35)) == REFRESH
+    # Small moves are not written until the refresh, at the slot nearest max_interval.
+    assert write_reason(P, last, s(T0 + 1649, act=0.55, mem=0.35)) is None
+    assert write_reason(P, last, s(T0 + 1650, act=0.55, mem=0.35)) == REFRESH
     other = ClaimSummary(T0 + 300, False, None, {"gpu-1": DeviceFigures(0.5, 0.3, 0, 0)})
     assert write_reason(P, last, other) == CHANGE
 
 
-def test_a_failed_write_is_retried_after_retry_seconds() -> None:
-    assert write_reason(P, None, s(T0 + 59), last_try=T0) is None
-    assert write_reason(P, None, s(T0 + 60), last_try=T0) == FIRST
+def test_a_claim_writes_only_at_its_slots_once_per_min_interval() -> None:
+    t = ClaimTrack(slot=100.0)
+    levels: dict[str, tuple[float | None, float | None, bool | None]] = {"gpu-0": (0.5, 0.3, True)}
+    got = []
+    for i in range(0, 230):  # T0 is a multiple of 300: slots at T0 + 100 + k x 300
+        now = T0 + i * 10
+        act = 0.5 if i < 20 else 0.0  # the job stops at T0 + 200: a change, held until the next slot
+        sm = t.observe(now, {"gpu-0": (act, 0.3, act > 0.05)}, False, None, P, 30)
+        why = t.due(P, sm)
+        if why is not None:
+            t.wrote(sm)
+            got.append((now - T0, why))
+    assert got == [(100, FIRST), (400, CHANGE), (2200, REFRESH)]  # 1,900: only 1,500 s after the last
+    # A round that misses the slot time writes in the first round after it; a failed write waits for the next slot.
+    t2 = ClaimTrack(slot=105.0)
+    assert t2.due(P, t2.observe(T0 + 100, levels, False, None, P, 30)) is None
+    assert t2.due(P, t2.observe(T0 + 110, levels, False, None, P, 30)) == FIRST  # not written: it failed
+    assert t2.due(P, t2.observe(T0 + 120, levels, False, None, P, 30)) is None
+    assert t2.due(P, t2.observe(T0 + 405, levels, False, None, P, 30)) == FIRST
 
 
 def test_data_object_round_trips_and_fits_the_api_limit() -> None:
@@ -103,16 +118,12 @@ def test_summary_apply_names_this_drivers_devices_with_their_share() -> None:
     assert written_summaries(claim, "gpu.topodra.io", "n2") == {}
 
 
-def test_first_writes_are_spread_over_min_interval_by_uid() -> None:
-    delays = [first_delay(f"uid-{i}", P) for i in range(2000)]
-    assert all(0 <= d < 300 for d in delays) and first_delay("uid-7", P) == delays[7]  # same on every plugin
-    assert min(delays) < 5 and max(delays) > 295 and 135 < sum(delays) / len(delays) < 165
-    assert first_delay("uid-7", P.model_copy(update={"first_spread": 0.0})) == 0.0
-    t = ClaimTrack(delay=100.0)
-    levels: dict[str, tuple[float | None, float | None, bool | None]] = {"gpu-0": (0.5, 0.3, True)}
-    assert t.due(P, t.observe(T0, levels, False, None, P, 30)) is None
-    assert t.due(P, t.observe(T0 + 90, levels, False, None, P, 30)) is None
-    first = t.observe(T0 + 100, levels, False, None, P, 30)
-    assert t.due(P, first) == FIRST
-    t.wrote(first)
-    assert t.due(P, t.observe(T0 + 110, levels, False, None, P, 30)) is None
+def test_slots_spread_claims_evenly_the_same_on_every_plugin() -> None:
+    slots = [slot_of(f"uid-{i}", P) for i in range(3000)]
+    assert all(0 <= x < 300 for x in slots) and slot_of("uid-7", P) == slots[7]
+    per_round = [sum(1 for x in slots if k * 10 <= x < (k + 1) * 10) for k in range(30)]
+    assert max(per_round) < 1.4 * 100 and min(per_round) > 0.6 * 100  # 100 expected per 10 s round
+    assert slot_of("uid-7", P.model_copy(update={"spread": 0.0})) == 0.0
+    assert next_slot(T0 + 5, 100, 300, after=False) == T0 + 100
+    assert next_slot(T0 + 100, 100, 300, after=False) == T0 + 100
+    assert next_slot(T0 + 100, 100, 300, after=True) == T0 + 400
