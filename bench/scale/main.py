@@ -106,7 +106,7 @@ TARGETS: dict[tuple[str, str], tuple[str, float, str]] = {
     # --status-summary-interval in any such window (1.0 = the bound), the busiest minute within 10% of the
     # window's average, and all telemetry writes (summaries and Idle conditions) at 2,048 nodes with 8 one-GPU
     # claims per node <= 60/s in the p99 minute.
-    ("status-writes", "one_gpu_window_ratio"): ("<=", 1.0, "summary writes <= claims / interval in every window"),
+    ("status-writes", "one_gpu_window_ratio"): ("<=", 1.0, "summary writes <= claims alive per interval window"),
     ("status-writes", "one_gpu_minute_max_ratio"): ("<=", 1.1, "busiest minute <= 1.1x claims / interval"),
     ("status-writes", "one_gpu_all_p99_per_s"): ("<=", 60.0, "telemetry status writes p99 minute <= 60/s"),
 }
@@ -555,7 +555,7 @@ def run_status_writes(n: int, minutes: float, warmup: float, seed: int) -> dict[
         out[f"{key}_all_median_per_s"] = r["all"]["per_second_median"]
         out[f"{key}_all_p99_per_s"] = r["all"]["per_second_p99"]
         out[f"{key}_bound_per_s"] = r["bound_per_second"]
-        out[f"{key}_window_ratio"] = r["window_max_per_second"] / r["bound_per_second"]
+        out[f"{key}_window_ratio"] = r["window_max_ratio"]
         out[f"{key}_minute_max_ratio"] = r["minute_max_ratio"]
         log(f"{n} nodes: status writes ({layout}, {r['claims']} claims): summaries median "
             f"{r['summary']['per_second_median']:.2f}/s p99 {r['summary']['per_second_p99']:.2f}/s, conditions p99 "
