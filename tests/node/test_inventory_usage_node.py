@@ -76,7 +76,7 @@ def inventory(nc: ClusterHandle, *args: str) -> subprocess.CompletedProcess[str]
 
 def test_plugin_summary_reaches_the_inventory(node_cluster: ClusterHandle, rig: tuple[Path, PluginProcess]) -> None:
     nc = node_cluster
-    tree, _plugin = rig
+    tree, plugin = rig
     ns = nc.namespace("invuse")
     nc.kube.create(f"{R}/namespaces/{ns}/resourceclaims", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "two"},
@@ -116,6 +116,9 @@ def test_plugin_summary_reaches_the_inventory(node_cluster: ClusterHandle, rig: 
                  if c["type"] == "Idle"]
         assert conds == ["True", "True"]  # the condition's manager kept its fields beside the summary's
 
+        written = [float(line.rsplit(" ", 1)[1]) for line in plugin.metrics().splitlines()
+                   if line.startswith("topodra_telemetry_summary_writes_total{")]
+        assert written and written[0] >= 2  # the busy summary and the idle one, counted on /metrics
         r = inventory(nc, "-o", "json")
         assert r.returncode == 0, r.stderr
         data = json.loads(r.stdout)

@@ -92,6 +92,7 @@ class Snapshot:
     xids: Mapping[tuple[str, int], int] = field(default_factory=dict)  # (device name, XID) -> events since start
     samples: int = 0
     api_errors: int = 0
+    summary_writes: int = 0
 
 
 def targets(devices: tuple[Device, ...]) -> tuple[list[GpuTarget], list[NicTarget]]:
@@ -246,7 +247,7 @@ class Sampler:
         snap = Snapshot(taken_at=now, duration=time.monotonic() - started, gpus=tuple(gpus), nics=tuple(nics),
                         claims=tuple(claim_rows(held, infos, self.pool)), idle=tuple(idle),
                         errors=dict(self._errors), xids=dict(self._xid_counts), samples=self._samples,
-                        api_errors=self._api_errors)
+                        api_errors=self._api_errors, summary_writes=self.summary_writes)
         with self._lock:
             self._snapshot = snap
         return snap
