@@ -27,6 +27,10 @@ Rows (``--rows``):
 * ``publisher``: every node's ``SlicePublisher`` (``topodra.simulate.Simulation`` in process) reconciling with
   the kubelet plugin's resync period (10 s) for ``--publisher-window`` seconds after a first pass; its requests,
   counted at the client, per node per hour.
+* ``status-writes``: the claim-status writes of the telemetry summaries and Idle conditions, N nodes x 8 GPUs
+  over ``--status-minutes`` virtual minutes after a ``--status-warmup``, with the sampler's own write decision
+  at its 10 s interval (``bench/scale/statuswrites.py``; no cluster): writes per second cluster-wide, median and
+  p99 over the minutes, for the ``mixed`` claim layout and ``one-gpu`` (8 claims per node, the worst case).
 * ``scheduler``: kube-scheduler pods/s (10-90% slope) for N 1-GPU and N/8 8-GPU claims on N DGX-H100 nodes, with
   topodra's slices (``full``) and stripped slices (``stripped``: type, model, nvlinkDomain, rail only), each
   without and with the scorer.
@@ -84,7 +88,8 @@ from topodra.slicewatch import WATCH_TIMEOUT_S
 INSTANCE = "bench-scale"
 CLUSTER_FILE = REPO / "hack" / "clusters" / "superpod-16k.yaml"
 SIZES = (64, 256, 512, 1024, 2048)
-ROWS = ("simulate", "etcd", "inventory", "controller", "scorer", "publisher", "scheduler")
+ROWS = ("simulate", "etcd", "inventory", "controller", "scorer", "publisher", "status-writes", "scheduler")
+NO_CLUSTER_ROWS = ("scheduler", "status-writes")  # rows that start no private cluster of the size
 PLUGIN_RESYNC_S = 10.0  # SlicePublisher's default resync, what every kubelet plugin runs with
 
 # Issue 22's targets, at 2,048 nodes on the 2-core machine: (row, metric) -> (comparison, bound, what).
@@ -97,6 +102,13 @@ TARGETS: dict[tuple[str, str], tuple[str, float, str]] = {
     ("inventory", "png_s"): ("<=", 3.0, "inventory --png <= 3 s"),
     ("scheduler", "stripped_ratio"): (">=", 0.9, "topodra's slices >= 0.9x of stripped slices"),
     ("scheduler", "scorer_ratio"): (">=", 0.8, "with the scorer >= 0.8x of without"),
+    # Issue 32: the summaries' API writes stay bounded (docs/telemetry.md): never more than one per claim per
+    # --status-summary-interval in any such window (1.0 = the bound), the busiest minute within 10% of the
+    # window's average, and all telemetry writes (summaries and Idle conditions) at 2,048 nodes with 8 one-GPU
+    # claims per node <= 60/s in the p99 minute.
+    ("status-writes", "one_gpu_window_ratio"): ("<=", 1.0, "summary writes <= claims alive per interval window"),
+    ("status-writes", "one_gpu_minute_max_ratio"): ("<=", 1.1, "busiest minute <= 1.1x claims / interval"),
+    ("status-writes", "one_gpu_all_p99_per_s"): ("<=", 60.0, "telemetry status writes p99 minute <= 60/s"),
 }
 # The curves a fit is made for: (row, metric) of the per-size results.
 CURVES: tuple[tuple[str, str], ...] = (
@@ -106,6 +118,7 @@ CURVES: tuple[tuple[str, str], ...] = (
     ("controller", "cpu_s"), ("controller", "initial_cpu_s"), ("controller", "list_cpu_s"),
     ("scorer", "cpu_p99_ms"), ("scorer", "view_mib"),
     ("publisher", "requests_per_hour"),
+    ("status-writes", "mixed_summary_median_per_s"), ("status-writes", "one_gpu_all_p99_per_s"),
 )
 # Profiles evaluated by one controller pass: the shapes users write (fallback chains, NVLink, rail-aligned).
 PROFILES: tuple[Obj, ...] = (
@@ -526,11 +539,36 @@ def run_scheduler(n: int, seed: int, qps: int, pprof_dir: Path | None = None, ma
 # ----- one size
 
 
+def run_status_writes(n: int, minutes: float, warmup: float, seed: int) -> dict[str, Any]:
+    """Both claim layouts; the flat metrics the targets and curves read, the full runs under their names."""
+    from bench.scale.statuswrites import simulate
+
+    out: dict[str, Any] = {}
+    for layout in ("mixed", "one-gpu"):
+        r = simulate(n, layout, minutes=minutes, warmup=warmup, seed=seed)
+        key = layout.replace("-", "_")
+        out[layout] = r
+        out[f"{key}_claims"] = r["claims"]
+        out[f"{key}_summary_median_per_s"] = r["summary"]["per_second_median"]
+        out[f"{key}_summary_p99_per_s"] = r["summary"]["per_second_p99"]
+        out[f"{key}_condition_p99_per_s"] = r["condition"]["per_second_p99"]
+        out[f"{key}_all_median_per_s"] = r["all"]["per_second_median"]
+        out[f"{key}_all_p99_per_s"] = r["all"]["per_second_p99"]
+        out[f"{key}_bound_per_s"] = r["bound_per_second"]
+        out[f"{key}_window_ratio"] = r["window_max_ratio"]
+        out[f"{key}_minute_max_ratio"] = r["minute_max_ratio"]
+        log(f"{n} nodes: status writes ({layout}, {r['claims']} claims): summaries median "
+            f"{r['summary']['per_second_median']:.2f}/s p99 {r['summary']['per_second_p99']:.2f}/s, conditions p99 "
+            f"{r['condition']['per_second_p99']:.2f}/s, bound {r['bound_per_second']:.1f}/s, window max "
+            f"{r['window_max_per_second']:.2f}/s ({r['sim_cpu_s']:.0f}s CPU)")
+    return out
+
+
 def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: argparse.Namespace,
                  png_dir: Path | None) -> dict[str, Any]:
     sub_cluster = first_nodes(cluster, n)
     out: dict[str, Any] = {"nodes": n}
-    cluster_rows = [r for r in rows if r != "scheduler"]
+    cluster_rows = [r for r in rows if r not in NO_CLUSTER_ROWS]
     if cluster_rows:
         lc = localcluster.Cluster.private(args.instance)
         with tempfile.TemporaryDirectory() as tmp:
@@ -566,6 +604,8 @@ def measure_size(n: int, cluster: SimulatedCluster, rows: Sequence[str], args: a
             finally:
                 os.environ.setdefault("TOPODRA_LOG_ARCHIVE", str(REPO / ".run" / "bench-logs"))
                 lc.down(quiet=True, keep_logs=True)
+    if "status-writes" in rows:
+        out["status-writes"] = run_status_writes(n, args.status_minutes, args.status_warmup, args.seed)
     if "scheduler" in rows:
         pprof = Path(args.scheduler_pprof_dir) if args.scheduler_pprof_dir else None
         out["scheduler"] = run_scheduler(n, args.seed, args.scheduler_qps, pprof, args.scheduler_pods)
@@ -678,6 +718,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the scheduler row's 1-GPU pods per size: min(nodes, this); 8-GPU pods an eighth of that")
     p.add_argument("--scheduler-pprof-dir", default=None,
                    help="write kube-scheduler's CPU profile (first 20 s) of each scheduler variant here")
+    p.add_argument("--status-minutes", type=float, default=30.0,
+                   help="status-writes: virtual minutes measured after the warm-up")
+    p.add_argument("--status-warmup", type=float, default=30.0,
+                   help="status-writes: virtual minutes first (every claim new, as at install: reported apart)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="", help="result file label")
     p.add_argument("--out-dir", default=None, help="where JSON, Markdown and PNGs go (default bench/results/scale)")

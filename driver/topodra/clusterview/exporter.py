@@ -58,6 +58,25 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "topodra_inventory_gpus_stranded": (
         "Free GPUs the node's free CPU (resource=cpu) or memory (resource=memory) cannot give the node's per-GPU "
         "share (allocatable / GPUs).", ("node", "resource")),
+    "topodra_inventory_gpus_idle": ("Allocated GPUs whose claim carries the Idle condition, per model and node.",
+                                    ("model", "node")),
+    "topodra_inventory_node_gpu_activity_ratio": (
+        "Mean compute activity of the node's allocated GPUs, from their claims' last telemetry summary (0-1).",
+        ("node",)),
+    "topodra_inventory_node_gpu_memory_used_ratio": (
+        "Mean share of memory in use of the node's allocated GPUs, from their claims' last telemetry summary.",
+        ("node",)),
+    "topodra_inventory_namespace_gpu_hours_allocated": (
+        "GPU-hours the namespace's existing claims have held their GPUs, as their last summaries say.",
+        ("namespace",)),
+    "topodra_inventory_namespace_gpu_hours_active": (
+        "Of topodra_inventory_namespace_gpu_hours_allocated, the hours above the idle thresholds.", ("namespace",)),
+    "topodra_inventory_namespace_gpus": ("GPUs the namespace's claims hold now (reporting: with a telemetry "
+                                         "summary).", ("namespace", "reporting")),
+    "topodra_inventory_idle_claim_seconds": (
+        "Seconds an idle claim's GPUs have been below the idle thresholds (one series per idle claim).",
+        ("namespace", "claim", "pod")),
+    "topodra_inventory_idle_claim_gpus": ("GPUs of an idle claim.", ("namespace", "claim", "pod")),
     "topodra_inventory_up": ("1 when the last refresh read the API server, 0 when it failed.", ()),
     "topodra_inventory_refresh_seconds": ("Seconds the last refresh took (list the objects, build the view).", ()),
     "topodra_inventory_last_refresh_timestamp_seconds": ("Unix time of the last successful refresh.", ()),
@@ -83,6 +102,12 @@ def families(view: ClusterView) -> list[GaugeMetricFamily]:
             fams["topodra_inventory_gpus_free"].add_metric(labels, c[FREE])
             fams["topodra_inventory_gpus_allocated"].add_metric(labels, c[ALLOCATED])
             fams["topodra_inventory_gpus_tainted"].add_metric(labels, c[TAINTED] + c[RESERVED])  # reservations too
+            fams["topodra_inventory_gpus_idle"].add_metric(labels, sum(1 for g in node.gpus
+                                                                       if g.idle and (g.model or "unknown") == model))
+        if node.activity is not None:
+            fams["topodra_inventory_node_gpu_activity_ratio"].add_metric([node.name], node.activity)
+        if node.memory_used is not None:
+            fams["topodra_inventory_node_gpu_memory_used_ratio"].add_metric([node.name], node.memory_used)
         h = node.host
         if h is not None:
             fams["topodra_inventory_node_cpu_allocatable_cores"].add_metric([node.name], h.cpu_allocatable_milli / 1000)
@@ -101,6 +126,15 @@ def families(view: ClusterView) -> list[GaugeMetricFamily]:
             fams["topodra_inventory_largest_claim_gpus"].add_metric([m.model, placement], value)
         fams["topodra_inventory_fragmented_gpus"].add_metric([m.model], m.fragmentation)
         fams["topodra_inventory_fragmentation_ratio"].add_metric([m.model], m.fragmentation_ratio)
+    for ns in view.namespaces:
+        fams["topodra_inventory_namespace_gpu_hours_allocated"].add_metric([ns.namespace], ns.gpu_hours_allocated)
+        fams["topodra_inventory_namespace_gpu_hours_active"].add_metric([ns.namespace], ns.gpu_hours_active)
+        fams["topodra_inventory_namespace_gpus"].add_metric([ns.namespace, "false"], ns.gpus - ns.gpus_reporting)
+        fams["topodra_inventory_namespace_gpus"].add_metric([ns.namespace, "true"], ns.gpus_reporting)
+    for ic in view.idle_claims:
+        labels = [ic.namespace, ic.claim, ",".join(ic.pods)]
+        fams["topodra_inventory_idle_claim_seconds"].add_metric(labels, ic.idle_seconds)
+        fams["topodra_inventory_idle_claim_gpus"].add_metric(labels, ic.gpus)
     for cls, n in view.pending_by_class().items():
         fams["topodra_inventory_pending_claims"].add_metric([cls], n)
     return list(fams.values())

@@ -18,13 +18,18 @@ Every number ``topodra inventory`` prints, draws or exports comes from ``build_v
   request mix (its prior mixed with the claims seen). It is computed on the fleet state the
   scorer optimises (``topodra.fleet.state``): allocated and blocking-tainted devices unavailable;
 * pending claims: unallocated claims with the scheduler's reason from their pod's
-  ``PodScheduled`` condition, grouped by cause.
+  ``PodScheduled`` condition, grouped by cause;
+* what the allocated GPUs do (``clusterview.usage``): each GPU's activity and memory in use, and whether its
+  claim is idle, from the summary and the ``Idle`` condition the kubelet plugin writes into the claim's
+  ``status.devices``; per node the mean over its allocated GPUs, per namespace GPU-hours allocated against
+  GPU-hours active, and the idle claims.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -32,6 +37,7 @@ from typing import Any
 
 from topodra import DEFAULT_DRIVER_NAME
 from topodra.clusterview.hostcols import HostCols, host_columns
+from topodra.clusterview.usage import DeviceUse, IdleClaim, NamespaceUse, device_uses, idle_claims, mean, namespace_uses
 
 # The fleet state and measure (selectors, pydantic: ~0.1 s to import) are imported inside ``build_view``:
 # the renderers and the ``--watch --png`` worker need only the dataclasses here, and a fork that happens
@@ -82,6 +88,9 @@ class Cell:
     claim: str | None = None
     taints: tuple[str, ...] = ()  # "key=value:Effect", blocking or not
     reservation: str | None = None  # reserved: the reserving profile, "namespace/name" (its uid without labels)
+    activity: float | None = None  # allocated GPU: mean compute activity of the claim's last summary (0-1)
+    memory_used: float | None = None  # ... and its memory in use (share of the GPU's)
+    idle: bool = False  # allocated GPU whose claim carries the Idle condition
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,8 @@ class NodeRow:
     unschedulable_reason: str = ""  # why no pod lands here now ("cordoned", "not Ready", "tainted k:E")
     host: HostCols | None = None  # free CPU and memory, GPUs they strand (None: allocatable unknown)
     fabric: dict[str, str] = field(default_factory=dict)  # fabric tier key -> value (clusterview.domains)
+    activity: float | None = None  # mean over its allocated GPUs with a summary (None: none has one)
+    memory_used: float | None = None
 
     def count(self, state: str) -> int:
         return sum(1 for g in self.gpus if g.state == state)
@@ -178,6 +189,8 @@ class ClusterView:
     pending_groups: tuple[PendingGroup, ...]
     mix: tuple[tuple[str, float], ...] = field(default=())  # request classes of the fragmentation measure
     device_classes: tuple[str, ...] = ()  # every DeviceClass in the cluster (pending counts default to 0)
+    namespaces: tuple[NamespaceUse, ...] = ()  # GPU-hours allocated and active, per namespace holding GPUs
+    idle_claims: tuple[IdleClaim, ...] = ()
 
     @property
     def total(self) -> int:
@@ -215,6 +228,16 @@ class ClusterView:
         return sum(h.gpus_stranded_cpu for h in hs), sum(h.gpus_stranded_memory for h in hs)
 
     @property
+    def idle_gpus(self) -> int:
+        """Allocated GPUs whose claim is idle."""
+        return sum(1 for n in self.nodes for g in n.gpus if g.idle)
+
+    @property
+    def usage_reported(self) -> bool:
+        """Some allocated GPU has a summary or an Idle condition (a plugin with telemetry writes them)."""
+        return any(ns.gpus_reporting for ns in self.namespaces) or bool(self.idle_claims)
+
+    @property
     def unschedulable_nodes(self) -> int:
         """Nodes with GPUs of ours that no pod can land on now."""
         return sum(1 for n in self.nodes if not n.schedulable and n.gpus)
@@ -234,11 +257,21 @@ class ClusterView:
             row.update(gpus_total=len(node.gpus), gpus_free=node.count(FREE), gpus_allocated=node.count(ALLOCATED),
                        gpus_tainted=node.count(TAINTED) + node.count(RESERVED), gpus_reserved=node.count(RESERVED),
                        reserved_by=node.reserved_gpus, tainted_devices=list(node.tainted_devices),
-                       fragmentation=round(node.fragmentation, 4))
+                       fragmentation=round(node.fragmentation, 4), gpus_idle=sum(1 for g in node.gpus if g.idle),
+                       activity=_round4(node.activity), memory_used=_round4(node.memory_used))
         for m in out["models"]:
             m["fragmentation"] = round(m["fragmentation"], 4)
             m["fragmentation_ratio"] = round(m["fragmentation_ratio"], 4)
+        for ns_row, ns in zip(out["namespaces"], self.namespaces, strict=True):
+            ns_row.update(gpu_hours_allocated=round(ns.gpu_hours_allocated, 3),
+                          gpu_hours_active=round(ns.gpu_hours_active, 3),
+                          active_share=None if ns.active_share is None else round(ns.active_share, 4))
+        for row in out["idle_claims"]:
+            row["idle_seconds"] = round(row["idle_seconds"])
         out["summary"] = {"total": self.total, "free": self.free, "allocated": self.allocated,
+                          "idle": self.idle_gpus, "idle_claims": len(self.idle_claims),
+                          "gpu_hours_allocated": round(sum(n.gpu_hours_allocated for n in self.namespaces), 3),
+                          "gpu_hours_active": round(sum(n.gpu_hours_active for n in self.namespaces), 3),
                           "tainted": self.tainted, "reserved": self.reserved,
                           "free_unschedulable": self.free_unschedulable,
                           "unschedulable_nodes": self.unschedulable_nodes,
@@ -250,6 +283,10 @@ class ClusterView:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _round4(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 _FIELDS: dict[type, tuple[str, ...] | None] = {}  # a type's dataclass fields (None: not a dataclass)
@@ -416,8 +453,10 @@ def reservation_holder(taints: list[Obj], rules: list[Obj], driver: str, pool: s
 
 def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                prior: Mapping[int, float] | None = None, prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-               window: int = DEFAULT_WINDOW, nodes: Iterable[str] | None = None) -> ClusterView:
+               window: int = DEFAULT_WINDOW, nodes: Iterable[str] | None = None,
+               now: float | None = None) -> ClusterView:
     """The whole inventory. ``nodes`` limits the per-node part and the per-model sums to those nodes.
+    ``now`` (default: the clock) is what idle claims' "idle for" counts up to.
 
     ``prior`` is the request mix prior of the fragmentation measure (None: the placement scorer's).
     Nodes without a Node object (slices only) are shown and treated as schedulable.
@@ -432,6 +471,9 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     node_objs = {str((n.get("metadata") or {}).get("name", "")): n for n in src.nodes}
     slices = newest_slices(src.slices, driver, node_local=True)
     held = holders(src.claims, driver)
+    uses, claim_uses = device_uses(src.claims, driver)
+    gpus_of: dict[tuple[str, str], list[str]] = {}  # claim -> the node of each of its GPUs shown
+    ns_gpus: list[tuple[str, DeviceUse | None]] = []
     rules = [r for r in src.taint_rules if rule_taint(r) is not None]
 
     # The scorer's own state and measure: same parsing, same node views, same unavailable devices
@@ -492,11 +534,16 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
             domain = next(iter(v.values())) if isinstance(v, dict) and v else None
             v = attrs.get(model_q) or attrs.get(model_s)
             model = next(iter(v.values())) if isinstance(v, dict) and v else None
+            use = uses.get(d.key) if holder and kind == "gpu" else None
+            if holder and kind == "gpu":
+                gpus_of.setdefault((holder[0], holder[1]), []).append(node)
+                ns_gpus.append((holder[0], use))
             cells[d.key] = Cell(
                 name, pool, kind, st, str(model) if model is not None else None,
                 str(domain) if domain is not None else None, int(rail) if isinstance(rail, int) else None,
                 holder[0] if holder else None, holder[1] if holder else None,
-                tuple(taint_text(t) for t in taints) if taints else (), reserved_by)
+                tuple(taint_text(t) for t in taints) if taints else (), reserved_by,
+                use.activity if use else None, use.memory_used if use else None, use.idle if use else False)
         gpus = sorted((c for c in cells.values() if c.kind == "gpu"),
                       key=lambda c: (c.domain or "~", natural_key(c.name)))
         nics = sorted((c for c in cells.values() if c.kind == "nic"),
@@ -522,14 +569,17 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                         for r, ns in sorted(rails.items(), key=lambda kv: -1 if kv[0] is None else kv[0])),
             fragmentation=frag,
             fabric=fabric_of(((node_objs.get(node) or {}).get("metadata") or {}).get("labels")),
-            host=host_columns(hosts.room(node), free_gpus, len(gpus))))
+            host=host_columns(hosts.room(node), free_gpus, len(gpus)),
+            activity=mean(g.activity for g in gpus), memory_used=mean(g.memory_used for g in gpus)))
 
     pending = pending_claims(src.claims, src.pods)
     return ClusterView(driver=driver, nodes=tuple(rows), models=tuple(summarize_models(rows)),
                        pending=tuple(pending), pending_groups=tuple(group_pending(pending)),
                        mix=tuple((d.label(), p) for d, p in mix.classes),
                        device_classes=tuple(sorted(str((c.get("metadata") or {}).get("name", ""))
-                                                   for c in src.classes)))
+                                                   for c in src.classes)),
+                       namespaces=tuple(namespace_uses(ns_gpus)),
+                       idle_claims=tuple(idle_claims(claim_uses, gpus_of, time.time() if now is None else now)))
 
 
 class _ModelSums:

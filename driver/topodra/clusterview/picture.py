@@ -1,7 +1,8 @@
 """The inventory as a PNG (matplotlib): one row per node, one cell per GPU, a rail strip of NICs.
 
-Cells are free (light green), tainted (red) or allocated, coloured by the claim's namespace
-(allocated *and* tainted: the namespace colour with a red border). A node's GPUs are grouped by
+Cells are free (light green), tainted (red), allocated-but-idle (yellow: the claim carries the ``Idle``
+condition the kubelet plugin writes, docs/telemetry.md) or allocated, coloured by the claim's namespace
+(allocated *and* tainted: the namespace or idle colour with a red border). A node's GPUs are grouped by
 NVLink domain (a gap between domains); nodes sharing a multi-node NVLink domain (NVL72) are
 adjacent under one shaded band labelled with the domain. Each node's compute NICs follow in
 rail order. The cluster summary is the title.
@@ -24,11 +25,12 @@ from topodra.clusterview.table import summary_line, unschedulable_text
 
 FREE_COLOUR = "#b7e4c7"
 TAINTED_COLOUR = "#d62828"
+IDLE_COLOUR = "#ffea00"  # allocated, idle: no namespace colour is yellow
 OTHER_COLOUR = "#4d4d4d"  # namespaces beyond the palette
 UNSCHEDULABLE_MARK = "(x) unschedulable node: its free GPUs take no claim now"
-# Namespaces, in order of GPUs held; no green or red, so they never read as free or tainted.
-PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79",
-           "#a55194", "#e7ba52", "#7f7f7f", "#6baed6")
+# Namespaces, in order of GPUs held; no green, red or yellow, so they never read as free, tainted or idle.
+PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7b4173", "#393b79",
+           "#a55194", "#ce6dbd", "#7f7f7f", "#6baed6")
 BAND_COLOUR = "#e8eef7"
 EDGE_COLOUR = "#555555"
 MIN_WIDTH_IN = 6.5
@@ -78,6 +80,8 @@ def cell_colour(cell: Cell, ns_colours: dict[str, str]) -> str:
         return FREE_COLOUR
     if cell.state == TAINTED or cell.state == RESERVED:  # a reservation is drawn as the taint it is
         return TAINTED_COLOUR
+    if cell.idle:
+        return IDLE_COLOUR
     return ns_colours.get(str(cell.namespace), OTHER_COLOUR)
 
 
@@ -181,6 +185,8 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
                                                                                                     else 1.0)))),
                                         subsequent_indent="    ")]
     legend: dict[str, str] = {"free": FREE_COLOUR, "tainted": TAINTED_COLOUR}
+    if any(g.idle for n, _d in rows for g in n.gpus):
+        legend["allocated, idle"] = IDLE_COLOUR
     legend.update({f"ns {ns}": c for ns, c in ns_colours.items() if c != OTHER_COLOUR})
     if OTHER_COLOUR in ns_colours.values():
         legend["other namespaces"] = OTHER_COLOUR
@@ -268,6 +274,6 @@ def render_png(view: ClusterView, path: str | Path, dpi: int = DPI) -> Picture:
         pixels = {key: (float(px), float(height_px - py)) for key, (px, py) in zip(centres, points, strict=True)}
     fig.savefig(str(path), dpi=dpi, format="png")
     return Picture(path=str(path), width=int(width_px), height=int(height_px), cells=pixels,
-                   colours={**{"free": FREE_COLOUR, "tainted": TAINTED_COLOUR}, **ns_colours},
+                   colours={**{"free": FREE_COLOUR, "tainted": TAINTED_COLOUR, "idle": IDLE_COLOUR}, **ns_colours},
                    host_labels=host_labels)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from topodra.clusterview.hostcols import cpu_text, memory_text, stranded_text
 from topodra.clusterview.model import FREE, ClusterView, NodeRow, RailCount
+from topodra.clusterview.usage import duration_text
 
 MAX_LISTED = 4  # claims named per pending group before "+N more"
 
@@ -30,16 +31,50 @@ def rail_header(rows: tuple[NodeRow, ...]) -> str:
 
 def node_table(view: ClusterView) -> list[str]:
     host = any(n.host is not None for n in view.nodes)  # columns only where nodes report allocatable
+    use = view.usage_reported  # columns only where a plugin writes telemetry summaries
     rows = [["NODE", "MODEL", "GPUS FREE", "NVLINK FREE/GPUS", rail_header(view.nodes), "TAINTED",
-             *(["CPU FREE", "MEMORY FREE", "STRANDED BY CPU/MEM"] if host else [])]]
+             *(["CPU FREE", "MEMORY FREE", "STRANDED BY CPU/MEM"] if host else []),
+             *(["ACTIVITY", "GPU MEMORY", "IDLE"] if use else [])]]
     for n in view.nodes:
         domains = " ".join(f"{d.label}:{d.free}/{d.total}" for d in n.domains) or "-"
         h = n.host
         rows.append([n.name + ("" if n.schedulable else " (unschedulable)"), n.model or "-",
                      f"{n.count(FREE)}/{len(n.gpus)}", domains, rails_text(n.rails),
                      tainted_text(n),
-                     *(([cpu_text(h), memory_text(h), stranded_text(h)] if h else ["-", "-", "-"]) if host else [])])
+                     *(([cpu_text(h), memory_text(h), stranded_text(h)] if h else ["-", "-", "-"]) if host else []),
+                     *([share_text(n.activity), share_text(n.memory_used),
+                        str(sum(1 for g in n.gpus if g.idle))] if use else [])])
     return _grid(rows)
+
+
+def share_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def namespace_table(view: ClusterView) -> list[str]:
+    """GPU-hours allocated against active per namespace (from the claims' telemetry summaries)."""
+    rows = [["NAMESPACE", "GPUS", "REPORTING", "GPU-H ALLOCATED", "GPU-H ACTIVE", "ACTIVE"]]
+    for ns in view.namespaces:
+        rows.append([ns.namespace, str(ns.gpus), str(ns.gpus_reporting), f"{ns.gpu_hours_allocated:.2f}",
+                     f"{ns.gpu_hours_active:.2f}", share_text(ns.active_share)])
+    return _grid(rows)
+
+
+def idle_lines(view: ClusterView) -> list[str]:
+    if not view.idle_claims:
+        return ["No idle claims."]
+    out = [f"Idle claims ({len(view.idle_claims)}, {view.idle_gpus} GPUs), longest idle first:"]
+    rows = [["NAMESPACE", "CLAIM", "PODS", "GPUS", "IDLE FOR", "NODES"]]
+    for c in view.idle_claims:
+        rows.append([c.namespace, c.claim, ",".join(c.pods) or "-", str(c.gpus), duration_text(c.idle_seconds),
+                     ",".join(c.nodes)])
+    return out + ["  " + line for line in _grid(rows)]
+
+
+USAGE_NOTE = ("Activity, memory, GPU-hours and idle claims: from the summary and the Idle condition the kubelet plugin "
+              "writes into each claim's status.devices (docs/telemetry.md); figures are as of each summary "
+              "(written on change, at most every 5 min per claim, refreshed every 30 min by default); GPU-hours "
+              "count the claims that exist now.")
 
 
 def tainted_text(n: NodeRow) -> str:
@@ -116,6 +151,7 @@ def render_table(view: ClusterView) -> str:
               *([HOST_NOTE] if any(n.host is not None for n in view.nodes) else []),
               "Fragmented: free GPUs the next request cannot use, expected over the placement scorer's request mix (" +
               ", ".join(f"{name} {p:.0%}" for name, p in view.mix) + ").",
-              "", *pending_lines(view)]
+              "", *pending_lines(view),
+              *(["", *namespace_table(view), "", *idle_lines(view), USAGE_NOTE] if view.usage_reported else [])]
     return "\n".join(lines) + "\n"
 

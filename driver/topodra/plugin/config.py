@@ -130,6 +130,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("idle_reclaim_grace", "grace period of a namespace that opts in without the topodra.io/idle-reclaim-grace "
          "annotation: seconds its claims' GPUs must have been below the idle thresholds, at least --idle-seconds "
          "(default 3600)", "SECONDS"),
+    Flag("status_summary_interval", "at most this often per claim, write the GPUs' activity, memory, idle-since "
+         "and held/active seconds into the claim's status.devices[].data (on change, refreshed every 6 intervals; "
+         "0: never; default 300; docs/telemetry.md)", "SECONDS"),
 )
 # Keys of the --hardware-config file that are node labels for the admin's topology, not discovery overrides.
 NODE_LABEL_KEYS = {"leafGroup": "leaf_group", "scalableUnit": "scalable_unit", "spineGroup": "spine_group",
@@ -180,6 +183,7 @@ class PluginConfig(BaseModel):
     idle_conditions: bool = True
     idle_reclaim: bool = True
     idle_reclaim_grace: float = Field(default=3600.0, gt=0)
+    status_summary_interval: float = Field(default=300.0, ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -270,16 +270,20 @@ def start_telemetry(cfg: PluginConfig, inventory: Inventory, hw: NvmlBackend, st
     from topodra.telemetry.idle import IdleRule
     from topodra.telemetry.reclaim import Reclaimer
     from topodra.telemetry.sampler import Sampler
+    from topodra.telemetry.summary import SummaryPolicy
 
     rule = IdleRule(activity_below=cfg.idle_activity_below, memory_below=cfg.idle_memory_below,
                     idle_seconds=cfg.idle_seconds)
-    writer = ClaimStatusWriter(kube, cfg.driver_name, cfg.node_name) if cfg.idle_conditions else None
+    api = ClaimStatusWriter(kube, cfg.driver_name, cfg.node_name)
+    every = cfg.status_summary_interval
+    policy = SummaryPolicy(min_interval=every, max_interval=6 * every) if every > 0 else None
     reclaimer = (Reclaimer(kube, cfg.node_name, idle_seconds=cfg.idle_seconds, default_grace=cfg.idle_reclaim_grace)
                  if cfg.idle_reclaim else None)
     sampler = Sampler(inventory, hw.nvml, hw.sysfs, pool=cfg.node_name, driver=cfg.driver_name,
-                      held=state.held_devices, held_mig=state.held_mig, get_claim=get_claim, writer=writer,
-                      reclaimer=reclaimer,
-                      interval=cfg.telemetry_interval, rule=rule)
+                      held=state.held_devices, held_mig=state.held_mig, get_claim=get_claim,
+                      writer=api if cfg.idle_conditions else None, reclaimer=reclaimer,
+                      interval=cfg.telemetry_interval, rule=rule, summary_writer=api if policy else None,
+                      summary_policy=policy)
     stack.callback(telemetry.register(cfg.node_name, lambda: sampler.snapshot))
     sampler.start()
     stack.callback(sampler.stop)

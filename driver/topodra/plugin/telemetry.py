@@ -76,6 +76,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "topodra_telemetry_samples_total": ("counter", ("Hostname",)),
     "topodra_telemetry_errors_total": ("counter", ("Hostname", "call")),
     "topodra_telemetry_api_errors_total": ("counter", ("Hostname",)),
+    "topodra_telemetry_summary_writes_total": ("counter", ("Hostname",)),
     "topodra_telemetry_sample_duration_seconds": ("gauge", ("Hostname",)),
     "topodra_telemetry_last_sample_timestamp_seconds": ("gauge", ("Hostname",)),
 }
@@ -168,6 +169,9 @@ def families(node: str, snap: Snapshot) -> list[Metric]:
     api = CounterMetricFamily("topodra_telemetry_api_errors", "Failed API reads of claims and writes of the Idle "
                               "condition (retried at the next sample).", labels=("Hostname",))
     api.add_metric([node], float(snap.api_errors))
+    writes = CounterMetricFamily("topodra_telemetry_summary_writes", "Summaries applied to claims' status.devices[]"
+                                 ".data (at most one per claim per --status-summary-interval).", labels=("Hostname",))
+    writes.add_metric([node], float(snap.summary_writes))
     dur = GaugeMetricFamily("topodra_telemetry_sample_duration_seconds", "Time the last sampling round took.",
                             labels=("Hostname",))
     last = GaugeMetricFamily("topodra_telemetry_last_sample_timestamp_seconds", "Unix time of the last sample.",
@@ -175,7 +179,7 @@ def families(node: str, snap: Snapshot) -> list[Metric]:
     if snap.samples:
         dur.add_metric([node], snap.duration)
         last.add_metric([node], snap.taken_at)
-    out += [samples, errors, api, dur, last]
+    out += [samples, errors, api, writes, dur, last]
     return out
 
 

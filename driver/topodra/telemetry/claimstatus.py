@@ -14,6 +14,9 @@ to be valid metav1.Conditions (pkg/apis/resource/validation/validation.go:1806).
 The write is a server-side apply of this node's devices only, under its own field manager
 (``FIELD_MANAGER``): the list's map keys let other managers (another driver, a network driver's
 ``networkData``) keep their entries, and entries this manager stops applying are removed by the apply itself.
+The per-device summary in ``data`` (``telemetry.summary``) is applied under a second manager
+(``SUMMARY_FIELD_MANAGER``): each apply of one manager carries only its own fields, so a summary write never
+removes the condition and a condition write never removes the summary.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 
 CONDITION_TYPE = "Idle"
 FIELD_MANAGER = "topodra-telemetry"
+SUMMARY_FIELD_MANAGER = "topodra-telemetry-summary"
 REASON_IDLE = "BelowThresholds"
 REASON_ACTIVE = "Active"
 EVENT_IDLE = "GPUClaimIdle"
@@ -96,6 +100,12 @@ class ClaimStatusWriter:
         self.driver = driver
         self.node = node
         self._clock = clock
+
+    def apply_summary(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """Apply a claim's per-device summaries (``telemetry.summary.summary_apply``), no Event."""
+        self.kube.request("PATCH", claim_path(namespace, name) + "/status", dict(body),
+                          query={"fieldManager": SUMMARY_FIELD_MANAGER, "force": "true"},
+                          content_type="application/apply-patch+yaml")
 
     def write(self, namespace: str, name: str, uid: str, devices: Sequence[HeldDevice], idle: bool,
               pods: Sequence[str], message: str) -> None:

@@ -4,9 +4,10 @@ It never takes the node lock and never blocks prepare or unprepare: the claims i
 checkpoint read without the lock (``held``: the file is replaced atomically), the pods from the API server
 (``get_claim``, outside any lock, at most once per claim per ``claim_refresh`` seconds), and it publishes an
 immutable ``Snapshot`` that the /metrics collector reads. Its only API writes are the idle condition and Events,
-on change (``claimstatus``), and, in namespaces that opt in, the evictions of idle claims' pods (``reclaim``,
-after the sample, still outside any lock). Any failing read becomes a missing series and a counted error, never
-an exception out of the loop.
+on change (``claimstatus``), the per-device summary in the claim's status, on change and at a bounded rate
+(``summary``), and, in namespaces that opt in, the evictions of idle claims' pods (``reclaim``, after the sample,
+still outside any lock). Any failing read becomes a missing series and a counted error, never an exception out
+of the loop.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ from topodra.telemetry.claimstatus import ClaimStatusWriter, written_idle
 from topodra.telemetry.gpureads import GpuReader, GpuReading, MigReader, XidEvents
 from topodra.telemetry.ibcounters import PortCounters, read_ports
 from topodra.telemetry.reclaim import Reclaimer
+from topodra.telemetry.summary import (
+    ClaimTrack,
+    SummaryData,
+    SummaryPolicy,
+    slot_of,
+    summary_apply,
+    written_summaries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,7 @@ class Snapshot:
     samples: int = 0
     api_errors: int = 0
     reclaims: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (namespace, result) -> count
+    summary_writes: int = 0
 
 
 def targets(devices: tuple[Device, ...]) -> tuple[list[GpuTarget], list[NicTarget]]:
@@ -121,6 +131,7 @@ class _ClaimCache:
     info: ClaimInfo
     fetched_at: float
     written: bool | None  # the Idle condition's status as the API last showed or we last wrote it
+    summaries: Mapping[str, SummaryData] = field(default_factory=dict)  # as the API showed them when first read
 
 
 class Sampler:
@@ -131,7 +142,8 @@ class Sampler:
                  held_mig: Callable[[], HeldMig] | None = None,
                  writer: ClaimStatusWriter | None = None, reclaimer: Reclaimer | None = None, interval: float = 10.0,
                  rule: idlerule.IdleRule | None = None, claim_refresh: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, summary_writer: ClaimStatusWriter | None = None,
+                 summary_policy: SummaryPolicy | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval}")
         self.nvml = nvml
@@ -146,6 +158,10 @@ class Sampler:
         self._get_claim = get_claim
         self._writer = writer
         self._reclaimer = reclaimer
+        self._summary_writer = summary_writer
+        self.summary_policy = summary_policy or SummaryPolicy()
+        self._summaries: dict[str, ClaimTrack] = {}
+        self.summary_writes = 0
         self._clock = clock
         self._lock = threading.Lock()
         self._devices: tuple[Device, ...] = ()
@@ -266,7 +282,7 @@ class Sampler:
         snap = Snapshot(taken_at=now, duration=time.monotonic() - started, gpus=tuple(gpus), nics=tuple(nics),
                         claims=tuple(claim_rows(held, infos, self.pool)), idle=tuple(idle),
                         errors=dict(self._errors), xids=dict(self._xid_counts), samples=self._samples,
-                        api_errors=api_errors, reclaims=reclaims)
+                        api_errors=api_errors, reclaims=reclaims, summary_writes=self.summary_writes)
         with self._lock:
             self._snapshot = snap
         return snap
@@ -311,6 +327,9 @@ class Sampler:
             if uid not in held:
                 del self._claims[uid]
                 self._idle.pop(uid, None)
+        for uid in list(self._summaries):
+            if uid not in held:
+                del self._summaries[uid]
         out = {}
         for uid, (ref, _devices) in held.items():
             cached = self._claims.get(uid)
@@ -324,7 +343,9 @@ class Sampler:
                 if obj is not None and (obj.get("metadata") or {}).get("uid") == uid:
                     written = written_idle(obj, self.driver, self.pool)
                     cached = _ClaimCache(ClaimInfo(ref.namespace, ref.name, uid, pods_of(obj)), now,
-                                         written if cached is None else cached.written)
+                                         written if cached is None else cached.written,
+                                         written_summaries(obj, self.driver, self.pool) if cached is None
+                                         else cached.summaries)
                     self._claims[uid] = cached
             out[uid] = cached.info if cached else ClaimInfo(ref.namespace, ref.name, uid)
         return out
@@ -343,6 +364,7 @@ class Sampler:
             is_idle = state.idle(self.rule, now)
             info = infos[uid]
             out.append(ClaimIdle(info, is_idle, state.idle_for(now)))
+            self._account(uid, info, devices, readings, is_idle, state, now)
             # The condition says True once idle, and False only when a sample was above the thresholds: a restart
             # (the clock starts again) or an unread GPU does not clear what the API shows.
             want = True if is_idle else (False if is_below is False else None)
@@ -373,6 +395,36 @@ class Sampler:
             return
         cached.written = is_idle
         log.info("telemetry: claim %s/%s %s", info.namespace, info.name, "is idle" if is_idle else "is active again")
+
+    def _account(self, uid: str, info: ClaimInfo, devices: frozenset[HeldDevice],
+                 readings: Mapping[str, GpuReading], is_idle: bool, state: idlerule.IdleState, now: float) -> None:
+        """Add this sample to the claim's per-device accounts; write its summary when ``write_reason`` says so."""
+        mine = {d: share for pool, d, share in devices if pool == self.pool and d in readings}
+        st = self._summaries.get(uid)
+        if st is None:
+            st = self._summaries[uid] = ClaimTrack(slot=slot_of(uid, self.summary_policy))
+        if not st.seeded and uid in self._claims:
+            st.seed(self._claims[uid].summaries, now)
+        p = self.summary_policy
+        levels = {}
+        for name in mine:
+            r = readings[name]
+            below = idlerule.below(self.rule, [idlerule.GpuLevel(r.activity, r.memory_ratio)])
+            levels[name] = (r.activity, r.memory_ratio, None if below is None else not below)
+        summary = st.observe(now, levels, is_idle, state.below_since, p, 3 * self.interval)
+        if self._summary_writer is None or uid not in self._claims:
+            return  # nothing known of the claim's status yet: wait for the first read
+        if st.due(p, summary) is None:
+            return
+        body = summary_apply(info.namespace, info.name, uid, self.driver, self.pool, summary, p.window, mine)
+        try:
+            self._summary_writer.apply_summary(info.namespace, info.name, body)
+        except Exception as e:
+            self._api_errors += 1
+            log.warning("telemetry: cannot write the summary of claim %s/%s: %s", info.namespace, info.name, e)
+            return
+        st.wrote(summary)
+        self.summary_writes += 1
 
     # ----- thread
 
