@@ -26,13 +26,13 @@ import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from testkit.handle import ClusterHandle, wait_for
 from testkit.paths import REPO
-from testkit.pluginproc import CDI_ROOT, DRIVER, PluginProcess
+from testkit.pluginproc import DRIVER, PluginProcess
 from testkit.ports import free_port
 from testkit.prometheus import PrometheusProcess
 from testkit.standin import driver_tree, write_faults
+from testkit.standinplugin import standin_plugin
 
 from topodra.apipaths import claim_path
-from topodra.hardware.mockprofile import build_tree, load_profile
 
 pytestmark = pytest.mark.node
 R = "/apis/resource.k8s.io/v1"
@@ -54,26 +54,10 @@ def rig(node_cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -
     base = tmp_path_factory.mktemp("telemetry")
     tree = driver_tree(base / "root", PROFILE, node=node_cluster.node_name, dev_nodes=True)
     scenario(tree, BUSY)  # busy from the start: the claim must not be flagged before the test drives it idle
-    sysfs = base / "sysfs"
-    build_tree(load_profile(PROFILE), frozenset()).materialize(str(sysfs))
-    boot = base / "boot_id"
-    boot.write_text(Path("/proc/sys/kernel/random/boot_id").read_text())
-    hw = base / "hardware.yaml"
-    hw.write_text("{}\n")
-    for f in CDI_ROOT.glob("k8s.gpu.topodra.io-claim_*.json"):
-        f.unlink()
-    node_cluster.apply_yaml(REPO / "deviceclasses/gpu.topodra.io.yaml")
-    p = PluginProcess(node_cluster.kubeconfig, node_cluster.node_name,
-                      node_cluster.lc.logs / "topodra-plugin-telemetry.log", hardware="nvml",
-                      extra_env={"TOPODRA_BOOT_ID_FILE": str(boot), "TOPODRA_HARDWARE_CONFIG": str(hw),
-                                 "TOPODRA_SYSFS_ROOT": str(sysfs), "TOPODRA_NVIDIA_DRIVER_ROOT": str(tree),
-                                 "TOPODRA_NVIDIA_PROC_ROOT": str(tree / "proc"), "TOPODRA_TELEMETRY_INTERVAL": "1",
-                                 "TOPODRA_IDLE_SECONDS": "3", "TOPODRA_IDLE_RECLAIM_GRACE": str(DEFAULT_GRACE)})
-    p.start()
-    try:
+    with standin_plugin(node_cluster, base, tree, PROFILE, "topodra-plugin-telemetry.log",
+                        {"TOPODRA_TELEMETRY_INTERVAL": "1", "TOPODRA_IDLE_SECONDS": "3",
+                         "TOPODRA_IDLE_RECLAIM_GRACE": str(DEFAULT_GRACE)}) as p:
         yield tree, p
-    finally:
-        p.stop()
 
 
 def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:

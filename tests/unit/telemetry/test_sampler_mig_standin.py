@@ -11,9 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from testkit.standin import driver_tree, run_py
-
-from topodra.hardware.mockprofile import build_tree, load_profile
+from test_sampler_standin import one, run_child, series
 
 CHILD = """
 import os
@@ -74,25 +72,9 @@ out(res)
 """
 
 
-def series(text: str, name: str) -> dict[str, float]:
-    return {ln.split(" ")[0].removeprefix(name): float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-            if ln.startswith(name + "{")}
-
-
-def one(text: str, name: str, **labels: str) -> float:
-    hits = [v for k, v in series(text, name).items() if all(f'{lk}="{lv}"' in k for lk, lv in labels.items())]
-    assert len(hits) == 1, (name, labels, series(text, name))
-    return hits[0]
-
-
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    base = tmp_path_factory.mktemp("migsampler")
-    tree = driver_tree(base / "root", "dgx-h100-mig", node="n1")
-    sysfs = base / "sysfs"
-    build_tree(load_profile("dgx-h100-mig"), frozenset()).materialize(str(sysfs))
-    got: dict[str, Any] = run_py(tree, CHILD, env={"SYSFS": str(sysfs)}, timeout=120)
-    return got
+    return run_child(tmp_path_factory.mktemp("migsampler"), "dgx-h100-mig", CHILD)
 
 
 def test_mig_series_carry_instance_and_claim_labels(result: dict[str, Any]) -> None:

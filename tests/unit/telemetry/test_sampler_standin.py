@@ -8,6 +8,7 @@ once on each change.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,14 +89,18 @@ def one(text: str, name: str, **labels: str) -> float:
     return hits[0]
 
 
+def run_child(base: Path, profile: str, child: str) -> dict[str, Any]:
+    """Run ``child`` against the stand-in's driver tree and a sysfs tree of ``profile``; its JSON result."""
+    tree = driver_tree(base / "root", profile, node="n1")
+    sysfs = base / "sysfs"
+    build_tree(load_profile(profile), frozenset()).materialize(str(sysfs))
+    got: dict[str, Any] = run_py(tree, child, env={"SYSFS": str(sysfs)}, timeout=120)
+    return got
+
+
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    base = tmp_path_factory.mktemp("sampler")
-    tree = driver_tree(base / "root", "dgx-h100", node="n1")
-    sysfs = base / "sysfs"
-    build_tree(load_profile("dgx-h100"), frozenset()).materialize(str(sysfs))
-    got: dict[str, Any] = run_py(tree, CHILD, env={"SYSFS": str(sysfs)}, timeout=120)
-    return got
+    return run_child(tmp_path_factory.mktemp("sampler"), "dgx-h100", CHILD)
 
 
 def test_busy_series_carry_claim_and_dcgm_labels(result: dict[str, Any]) -> None:
