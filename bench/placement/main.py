@@ -922,9 +922,12 @@ def merge(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"bench/run placement: cannot read {f}: {e}", file=sys.stderr)
             return 2
-        same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
-                "until_window_end", "multinode", "adversarial", "reserve_after", "reserve_max_hold",
-                "max_reservations", "reserve_deadlines")
+        same: tuple[str, ...] = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
+                "cpu_nodes", "until_window_end", "multinode", "adversarial")
+        # The reservation settings steer policy (g) alone (their defaults changed in session 10): compared only
+        # when a file runs it.
+        if any("g" in str(d.get("policies", "")).split(",") for d in (doc["args"], first_args or {})):
+            same += ("reserve_after", "reserve_max_hold", "max_reservations", "reserve_deadlines")
         if first_args is not None and any(doc["args"].get(k) != first_args.get(k) for k in same):
             print(f"bench/run placement: {f} was run with other workload settings ({same})", file=sys.stderr)
             return 2
