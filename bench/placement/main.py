@@ -924,7 +924,7 @@ def merge(args: argparse.Namespace) -> int:
     policies: dict[str, str] = {}
     first_args: dict[str, Any] | None = None
     reserving_args: dict[str, Any] | None = None  # of the first file with a reserving policy's runs
-    same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable",
+    same = ("jobs", "load", "burst_load", "tick", "trace", "cluster", "shapes", "node_allocatable", "cpu_nodes",
             "until_window_end", "multinode", "adversarial")
     # Compared only between files that ran a reserving policy: no other policy reads them.
     reserving = ("reserve_after", "reserve_max_hold", "max_reservations", "reserve_deadlines")

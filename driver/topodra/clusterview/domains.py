@@ -127,7 +127,7 @@ class DomainCell:
     free: int
     allocated: int
     tainted: int
-    stranded: int  # free on schedulable nodes, short of the node's per-GPU CPU or memory share
+    stranded: int  # free on schedulable nodes, that the free CPU or memory leaves unusable (clusterview.hostcols)
     unschedulable: int  # free on cordoned / not Ready / NoSchedule-tainted nodes
     largest: Largest  # the largest claim placeable now on one schedulable node of the cell
     fragmentation: float  # F_n summed over the cell's nodes (the scorer's measure)

@@ -56,8 +56,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "topodra_inventory_node_memory_free_bytes": (
         "Allocatable memory minus the requests of the node's bound, non-terminal pods.", ("node",)),
     "topodra_inventory_gpus_stranded": (
-        "Free GPUs the node's free CPU (resource=cpu) or memory (resource=memory) cannot give the node's per-GPU "
-        "share (allocatable / GPUs).", ("node", "resource")),
+        "Free GPUs the node's free CPU (resource=cpu) or memory (resource=memory) leaves no pod size the cluster "
+        "runs able to use, with the CPU and memory per GPU its bound pods of that size asked for (the node's "
+        "allocatable / GPUs before any is seen).", ("node", "resource")),
     "topodra_inventory_gpus_idle": ("Allocated GPUs whose claim carries the Idle condition, per model and node.",
                                     ("model", "node")),
     "topodra_inventory_node_gpu_activity_ratio": (

@@ -481,6 +481,10 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
     state = ClusterState(driver, window=window)
     state.replace("claims", src.claims)
     state.replace("taintrules", rules)
+    # The CPU and memory per GPU bound pods of each size asked for: the scorer's learned shares (fleet.shares),
+    # which judge the stranded columns (clusterview.hostcols).
+    state.observe_shares(src.pods)
+    shares = state.shares.shares()
     observed = state.observed_mix()
     # Only the classes the observed claims name can enter the mix (make_mix drops demands naming a class
     # without a predicate): parsing just those leaves the mix as it was and, without claims, topodra.selectors
@@ -569,7 +573,7 @@ def build_view(src: Sources, driver: str = DEFAULT_DRIVER_NAME, *,
                         for r, ns in sorted(rails.items(), key=lambda kv: -1 if kv[0] is None else kv[0])),
             fragmentation=frag,
             fabric=fabric_of(((node_objs.get(node) or {}).get("metadata") or {}).get("labels")),
-            host=host_columns(hosts.room(node), free_gpus, len(gpus)),
+            host=host_columns(hosts.room(node), free_gpus, len(gpus), shares),
             activity=mean(g.activity for g in gpus), memory_used=mean(g.memory_used for g in gpus)))
 
     pending = pending_claims(src.claims, src.pods)

@@ -43,12 +43,23 @@ class HostFit:
     pod_cpu: int  # the scored pod's own request
     pod_memory: int
     share: Share | None  # per-GPU share of the scored pod's class; None: not asked
+    # Issue 34 (``--host-resources mix``) on the per-node path (CEL selectors, ``by_state`` off): the pod's
+    # ``HostJob`` with the learned shares, and the node's allocatable per GPU for sizes not seen yet; each
+    # class is then capped with its own share (``class_shares``), as ``placement.bystate`` does per state.
+    job: HostJob | None = None
+    fair: Share | None = None
 
     def fits(self) -> bool:
         return self.pod_cpu <= self.cpu_free and self.pod_memory <= self.memory_free
 
-    def key(self) -> tuple[int, int]:
-        return self.cpu_free, self.memory_free
+    def key(self) -> tuple[int, int, Share | None]:
+        return self.cpu_free, self.memory_free, self.fair
+
+    def class_shares(self, ks: Sequence[int]) -> tuple[Share | None, ...]:
+        """The share each class (``ks``: GPUs per placement) is capped with on this node."""
+        if self.job is None:
+            return tuple(self.share for _k in ks)
+        return self.job.class_shares(ks, self.fair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +83,13 @@ class HostJob:
             return tuple(self.share for _k in ks)
         return tuple(share_for(k, self.gpus, self.share, self.observed, fair) for k in ks)
 
-    def on(self, cpu_free: int, memory_free: int) -> HostFit:
-        return HostFit(cpu_free=cpu_free, memory_free=memory_free, pod_cpu=self.pod_cpu,
-                       pod_memory=self.pod_memory, share=self.share)
+    def on(self, cpu_free: int, memory_free: int, fair: Share | None = None) -> HostFit:
+        """The pod on a node with this much free; ``fair``: the node's allocatable per GPU (per-class only)."""
+        if not self.per_class:
+            return HostFit(cpu_free=cpu_free, memory_free=memory_free, pod_cpu=self.pod_cpu,
+                           pod_memory=self.pod_memory, share=self.share)
+        return HostFit(cpu_free=cpu_free, memory_free=memory_free, pod_cpu=self.pod_cpu, pod_memory=self.pod_memory,
+                       share=self.share, job=self, fair=fair)
 
 
 def capped_unusable(free: int, unusable_gpu: int, k: int, cpu_free: int, memory_free: int,
@@ -108,11 +123,12 @@ def capped_vector(free: int, unusable_gpu: Sequence[int], ks: Sequence[int], cpu
 
 def host_fragmentation(frag: Fragmentation, view: NodeView, used: frozenset[int],
                        classes: list[tuple[int, Demand, float]], cpu_free: int, memory_free: int,
-                       share: Share | None) -> float:
-    """F_n = sum_m p_m * capped_unusable(n, m) on the memoised GPU-only fragments."""
+                       shares: Sequence[Share | None]) -> float:
+    """F_n = sum_m p_m * capped_unusable(n, m) on the memoised GPU-only fragments; ``shares``: per class (in
+    ``classes``' order) the share it is capped with (``HostFit.class_shares``)."""
     free = free_gpus(view, used)
     total = 0.0
-    for i, demand, p in classes:
+    for (i, demand, p), share in zip(classes, shares, strict=True):
         u = frag.unusable_of(view, used, i, demand)
         total += p * capped_unusable(free, u, class_gpus(demand), cpu_free, memory_free, share)
     return total

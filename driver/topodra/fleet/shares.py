@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from topodra.fleet.hostres import Share
+from topodra.fleet.hostres import Share, host_gpu_limit
 
 CPU_STEP = 250  # millicores per GPU
 MEMORY_STEP = 256 << 20  # bytes per GPU
@@ -83,3 +83,30 @@ def share_for(k: int, own_k: int, own: Share | None, observed: Shares, fair: Sha
         if size == k:
             return share
     return fair if fair is not None else own
+
+
+def stranded_by_shares(free_gpus: int, cpu_free: int, memory_free: int, observed: Shares,
+                       fair: Share | None) -> tuple[int, int]:
+    """Free GPUs of one node that its free CPU (and, separately, its free memory) leaves no pod size the cluster
+    runs able to use: (by CPU, by memory). The inventory's measure (``clusterview.hostcols``), on the shares the
+    scorer learns (``ObservedShares``), so both read one model.
+
+    The sizes judged are the observed ones that fit the free GPUs (k <= free), each with what its pods asked for
+    per GPU; a size takes whole placements of k. A GPU counts as stranded by CPU when even the size that can use
+    the most of the free GPUs under the free CPU leaves it unused. With no observed size that fits, the node's
+    allocatable per GPU (``fair``: what the server was built for) judges 1-GPU placements; without that,
+    nothing is stranded (GPU-only).
+    """
+    sizes = [(k, s) for k, s in observed if 0 < k <= free_gpus]
+    if not sizes:
+        if fair is None:
+            return 0, 0
+        sizes = [(1, fair)]
+    by_devices = max(k * (free_gpus // k) for k, _s in sizes)
+    best_cpu = best_memory = 0
+    for k, share in sizes:
+        devices = k * (free_gpus // k)
+        cpu, memory = host_gpu_limit(cpu_free, memory_free, share, k)
+        best_cpu = max(best_cpu, min(devices, cpu))
+        best_memory = max(best_memory, min(devices, memory))
+    return max(0, by_devices - best_cpu), max(0, by_devices - best_memory)

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from topodra.fleet.allocations import allocated_keys
 from topodra.fleet.cel import Selector, qualified_capacity, recognise
 from topodra.fleet.demand import Demand, DemandError, demand_gpus, parse_demand
-from topodra.fleet.hostres import HostResources, PodRecord
+from topodra.fleet.hostres import HostResources, PodRecord, counts, pod_record
 from topodra.fleet.pods import Pods
 from topodra.fleet.pools import newest_slices
 from topodra.fleet.shares import ObservedShares
@@ -396,6 +396,18 @@ class ClusterState:
         if new is not None and new.node:
             self._observe_share(obj, new)
 
+    def observe_shares(self, pods: Iterable[Obj]) -> None:
+        """Count the bound, non-terminal GPU pods of a list in ``shares`` (oldest first, so the window keeps the
+        newest): a relist, or the inventory's one-shot read, learns what the watch would have. Pods whose claims
+        are not known yet are left for their next event."""
+        def created(pod: Obj) -> str:
+            return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+        for pod in sorted(pods, key=created):
+            rec = pod_record(pod)
+            if rec.node and counts(pod):
+                self._observe_share(pod, rec)
+
     def _observe_share(self, pod: Obj, rec: PodRecord) -> None:
         """Count a bound pod's per-GPU CPU and memory in ``shares`` once, when all its claims are known."""
         uid = str((pod.get("metadata") or {}).get("uid") or "")
@@ -528,6 +540,7 @@ class ClusterState:
         elif kind == "pods":
             self.pods.replace_pods(items)
             self.hosts.replace_pods(items)
+            self.observe_shares(items)
             self._touch_all()
         elif kind == "podgroups":
             self.pods.replace_groups(items)

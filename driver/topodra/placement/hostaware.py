@@ -32,11 +32,18 @@ def host_job(pod: dict[str, Any], demands: Sequence[Demand], observed: Shares | 
 
 
 def host_fits(state: ClusterState, pod: dict[str, Any], demands: Sequence[Demand],
-              names: Sequence[str]) -> list[HostFit | None]:
-    """One ``HostFit`` (or None) per candidate name, in order."""
-    job = host_job(pod, demands)
+              names: Sequence[str], observed: Shares | None = None) -> list[HostFit | None]:
+    """One ``HostFit`` (or None) per candidate name, in order. ``observed`` as in ``host_job``: each class is
+    capped with its own share, sizes not seen yet with the node's allocatable per GPU (as ``fleet.nodestates``
+    gives the per-state path)."""
+    job = host_job(pod, demands, observed)
     out: list[HostFit | None] = []
     for n in names:
         room = state.hosts.room(n)
-        out.append(None if room is None else job.on(room.cpu_free, room.memory_free))
+        if room is None:
+            out.append(None)
+            continue
+        view = state.node_view(n) if job.per_class else None
+        fair = None if view is None else Share.of(room.cpu_alloc, room.memory_alloc, view.gpus)
+        out.append(job.on(room.cpu_free, room.memory_free, fair))
     return out

@@ -42,7 +42,8 @@ from typing import Any
 from topodra.fleet.allocator import Rank, free_gpus, place_ranked, selector_mask
 from topodra.fleet.demand import Demand
 from topodra.fleet.fgd import Fragmentation, Mix
-from topodra.fleet.hostfrag import HostFit, host_fragmentation
+from topodra.fleet.hostfrag import HostFit, class_gpus, host_fragmentation
+from topodra.fleet.hostres import Share
 from topodra.fleet.packing import PlacePlan, place_plan, placed
 from topodra.fleet.reserve import Steer
 from topodra.fleet.state import NodeView
@@ -108,9 +109,10 @@ class Scorer(Fragmentation):
     def host_delta(self, view: NodeView, used: frozenset[int], after: frozenset[int],
                    classes: list[tuple[int, Demand, float]], host: HostFit) -> float:
         """delta F with the node's free CPU and memory before and after the pod (``fleet.hostfrag``)."""
-        before = host_fragmentation(self, view, used, classes, host.cpu_free, host.memory_free, host.share)
+        shares = host.class_shares([class_gpus(d) for _i, d, _p in classes])
+        before = host_fragmentation(self, view, used, classes, host.cpu_free, host.memory_free, shares)
         return host_fragmentation(self, view, after, classes, host.cpu_free - host.pod_cpu,
-                                  host.memory_free - host.pod_memory, host.share) - before
+                                  host.memory_free - host.pod_memory, shares) - before
 
     def score(self, candidates: Sequence[tuple[str, NodeView | None, frozenset[int]]],
               demands: Sequence[Demand], mix: Mix,
@@ -122,7 +124,8 @@ class Scorer(Fragmentation):
             return [(name, 0) for name, _v, _u in candidates]  # nothing of ours: no opinion
         key = tuple(demands)
         classes = self._classes(mix)
-        memo: dict[tuple[int, bytes, frozenset[int], tuple[int, int] | None], tuple[Rank, float] | None] = {}
+        memo: dict[tuple[int, bytes, frozenset[int], tuple[int, int, Share | None] | None],
+                   tuple[Rank, float] | None] = {}
         costs: list[tuple[Rank, float] | None] = []
         with_selectors = any(d.has_selectors for d in key)
         for c, (_name, view, used) in enumerate(candidates):

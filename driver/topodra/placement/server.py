@@ -205,7 +205,9 @@ class Placement:
                 scored = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer,
                                           rule=rule, steer=steer)
             else:
-                hosts = host_fits(state, pod, demands, names) if self.host_aware and demands else None
+                # CEL selectors (and by_state off): per class its own share too (issue 34, one rule).
+                hosts = (host_fits(state, pod, demands, names, state.shares.shares() if self.per_class else None)
+                         if self.host_aware and demands else None)
                 scored = self.gangs.score(pod, state.pods, state.node_labels, cands, demands, mix, self.scorer,
                                           hosts, steer=steer)
         return [n for n, _s in scored], [s for _n, s in scored]

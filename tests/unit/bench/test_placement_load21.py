@@ -96,6 +96,31 @@ def test_checkpoint_of_finished_runs_merges_into_a_result(tmp_path: Path) -> Non
     assert doc["args"]["node_allocatable"] == "96,384Gi"
 
 
+def test_merge_compares_reservation_settings_only_for_policy_g(tmp_path: Path) -> None:
+    """Seeds added later merge with earlier ones when only a setting that steers (g) alone changed default (the
+    hold's maxHold, session 10); a changed workload setting still refuses (two files that both ran (g) with other
+    reservation settings: ``test_merge_compares_reservation_settings_only_between_files_that_reserve``)."""
+    def part(name: str, policies: str, seed: int, **args: object) -> str:
+        f = tmp_path / name
+        f.write_text(json.dumps({"args": {"jobs": 320, "load": 4.0, "policies": policies, **args},
+                                 "policies": {p: pm.POLICIES[p] for p in policies.split(",")},
+                                 "runs": [{"policy": p, "seed": seed, "metrics": {"stranded_gpus": 1.0 + seed}}
+                                          for p in policies.split(",")]}))
+        return str(f)
+
+    old = part("old.json", "d,dh", 1, reserve_max_hold=7200.0, cpu_nodes="nodes.csv")
+    new = part("new.json", "d,dh", 2, reserve_max_hold=86400.0, cpu_nodes="nodes.csv")
+    out = tmp_path / "merged.json"
+    assert pmain.main(["--merge", old, new, "--out", str(out), "--plots", ""]) == 0
+    assert [(r["policy"], r["seed"]) for r in json.loads(out.read_text())["runs"]] == \
+        [("d", 1), ("d", 2), ("dh", 1), ("dh", 2)]
+    with_g = part("g.json", "d,g", 3, reserve_max_hold=86400.0, cpu_nodes="nodes.csv")
+    assert pmain.main(["--merge", old, with_g, "--out", str(out), "--plots", ""]) == 0  # only g reads maxHold
+    assert json.loads(out.read_text())["args"]["reserve_max_hold"] == 86400.0
+    other_nodes = part("cpu.json", "d,dh", 4, reserve_max_hold=7200.0, cpu_nodes=None)
+    assert pmain.main(["--merge", old, other_nodes, "--out", str(out), "--plots", ""]) == 2
+
+
 def test_cpu_only_task_has_no_fabric_slowdown() -> None:
     # a bound CPU-only pod has a placement without devices: the gang metrics' goodput must not ask its busbw
     from bench.placement import gang

@@ -53,6 +53,28 @@ def test_table_and_json_show_free_cpu_memory_and_stranded_gpus() -> None:
     assert (data["summary"]["gpus_stranded_cpu"], data["summary"]["gpus_stranded_memory"]) == (4, 7)
 
 
+def test_stranded_columns_use_the_shares_bound_gpu_pods_asked_for() -> None:
+    """Issue 34, one model: once GPU pods are bound, the inventory judges free GPUs with the CPU and memory per
+    GPU those pods asked for (``fleet.shares``, what the scorer learns), not the node's own share. A 3-GPU pod
+    on a asks 12 CPUs and 96Gi (4 CPUs, 32Gi per GPU): a keeps 12 free CPUs, enough for one more 3-GPU pod of
+    that shape (3 of its 4 free GPUs usable; the 4th is left by the devices, not the CPU): none stranded,
+    where the node's 28-CPU share strands all 4; b's 100Gi hold one 3-GPU pod (96Gi) of the 6 GPUs two
+    would take: 3 stranded by memory, where the node's 256Gi share strands all 7."""
+    src = with_hosts()
+    trainer = {**hog("trainer", "a", "12", "96Gi"), "metadata": {"name": "trainer", "namespace": "team-a",
+                                                               "uid": "uid-trainer"}}
+    trainer["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "train"}]
+    view = build_view(Sources(**{**src.__dict__, "pods": (*src.pods, trainer)}))
+    rows = {n.name: n.host for n in view.nodes}
+    assert rows["a"] is not None and rows["b"] is not None
+    assert (rows["a"].cpu_free_milli, rows["a"].gpus_stranded_cpu, rows["a"].gpus_stranded_memory) == (12_000, 0, 0)
+    assert (rows["b"].gpus_stranded_cpu, rows["b"].gpus_stranded_memory) == (0, 3)
+    # the same pod without its claim is a CPU pod: nothing learned, the node's own share judges (a: all 4)
+    plain = {**trainer, "spec": {k: v for k, v in trainer["spec"].items() if k != "resourceClaims"}}
+    rows = {n.name: n.host for n in build_view(Sources(**{**src.__dict__, "pods": (*src.pods, plain)})).nodes}
+    assert rows["a"] is not None and (rows["a"].gpus_stranded_cpu, rows["a"].gpus_stranded_memory) == (4, 0)
+
+
 def test_without_allocatable_no_columns_are_added() -> None:
     view = build_view(scenario())
     assert all(n.host is None for n in view.nodes)

@@ -24,6 +24,7 @@ from topodra.fleet.demand import parse_demand, pod_tolerance
 from topodra.fleet.domains import LEAF_GROUP, SCALABLE_UNIT
 from topodra.fleet.fgd import DEFAULT_PRIOR
 from topodra.fleet.nodestates import NodeStates
+from topodra.fleet.shares import ObservedShares
 from topodra.fleet.state import ClusterState
 from topodra.kube import Kube
 from topodra.placement.cache import Cache, apply_event
@@ -210,10 +211,25 @@ class ReservedFleet(Fleet):
                     body["tolerations"] = tols
 
 
-def placements(st: ClusterState, host_aware: bool) -> tuple[Placement, Placement]:
+def placements(st: ClusterState, host_aware: bool, per_class: bool = False) -> tuple[Placement, Placement]:
     cache = Cache(Kube.__new__(Kube), st)  # never started: fed directly
-    return (Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=True),
-            Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=False))
+    return (Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=True, per_class=per_class),
+            Placement(cache, DEFAULT_PRIOR, 20, host_aware=host_aware, by_state=False, per_class=per_class))
+
+
+def bind_gpu_pods(fleet: Fleet) -> None:
+    """Bound GPU pods of three sizes with different CPU and memory per GPU, so the state learns shares
+    (``fleet.shares``): 1 GPU with 16 CPUs, 2 with 8 each, 8 with 12 each."""
+    for j, (k, cpu, mem) in enumerate(((1, 16, 128), (2, 16, 64), (8, 96, 768))):
+        name = f"bound-{j}"
+        fleet.event("claims", "ADDED", claim(name, {"devices": {"requests": [
+            {"name": "r", "exactly": {"deviceClassName": "gpu.topodra.io", "count": k}}]}}))
+        fleet.event("pods", "ADDED", {
+            "metadata": {"name": f"gpu-pod-{j}", "namespace": NS, "uid": f"uid-gpu-pod-{j}"},
+            "spec": {"nodeName": fleet.names[j % len(fleet.names)], "resourceClaims": [
+                {"name": "c", "resourceClaimName": name}], "containers": [
+                {"name": "c", "resources": {"requests": {"cpu": str(cpu), "memory": f"{mem}Gi"}}}]},
+            "status": {"phase": "Running"}})
 
 
 @pytest.mark.parametrize("host_aware", [True, False])
@@ -237,6 +253,34 @@ def test_same_scores_as_the_per_node_path(seed: int, host_aware: bool) -> None:
                 fleet.event("claims", "DELETED", {"metadata": {"namespace": NS, "name": ref_["resourceClaimName"]}})
     assert varied >= 5  # the comparison saw real rankings, not only all-equal or all-zero answers
     assert fast.states._count > 0  # and the fast path did the work
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_per_class_shares_same_scores_as_the_per_node_path(seed: int) -> None:
+    """``--host-resources mix`` (issue 34): the per-node path, which pods with CEL selectors and gangs take,
+    caps each class with its own learned share (or the node's allocatable per GPU) exactly as the per-state
+    path does. Pods without claims are left out: only the per-state path scores them."""
+    fleet = Fleet(4000 + seed)
+    fleet.st.shares = ObservedShares(10)  # the fleet's random window may be 0 (nothing learned)
+    bind_gpu_pods(fleet)
+    assert [k for k, _s in fleet.st.shares.shares()] == [1, 2, 8]
+    fast, ref = placements(fleet.st, True, per_class=True)
+    varied = compared = 0
+    for k in range(40):
+        for _ in range(fleet.rng.randint(0, 3)):
+            fleet.update()
+        pod, names = fleet.pod(k)
+        if pod["spec"]["resourceClaims"]:
+            args = {"Pod": pod, "NodeNames": names}
+            got = fast.prioritize(copy.deepcopy(args))
+            want = ref.prioritize(copy.deepcopy(args))
+            assert got == want, (seed, k, pod)
+            compared += 1
+            varied += len({h["Score"] for h in want}) > 2
+        if fleet.rng.random() < 0.5:
+            for ref_ in pod["spec"]["resourceClaims"]:
+                fleet.event("claims", "DELETED", {"metadata": {"namespace": NS, "name": ref_["resourceClaimName"]}})
+    assert compared >= 30 and varied >= 5
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -67,8 +67,8 @@ def test_cpu_starved_gpus_are_fragments_so_small_jobs_use_them_first() -> None:
     view = st.node_view("a")
     assert view is not None
     classes = sc._classes(mix)
-    f_starved = host_fragmentation(sc, view, frozenset(), classes, 24_000, 2048 * GI, SHARE)
-    f_roomy = host_fragmentation(sc, view, frozenset(), classes, 224_000, 2048 * GI, SHARE)
+    f_starved = host_fragmentation(sc, view, frozenset(), classes, 24_000, 2048 * GI, [SHARE] * len(classes))
+    f_roomy = host_fragmentation(sc, view, frozenset(), classes, 224_000, 2048 * GI, [SHARE] * len(classes))
     assert f_roomy == 0 and f_starved > 6  # 8-GPU class: all 8; 1-GPU class: 6 of 8
 
 

@@ -14,7 +14,7 @@ from testkit.views import claim, gpus, hold, state
 
 from topodra.fleet.fgd import DEFAULT_PRIOR
 from topodra.fleet.hostres import Share
-from topodra.fleet.shares import CPU_STEP, ObservedShares, rounded, share_for
+from topodra.fleet.shares import CPU_STEP, ObservedShares, rounded, share_for, stranded_by_shares
 from topodra.fleet.state import ClusterState
 from topodra.placement.cache import Cache
 from topodra.placement.server import Placement
@@ -134,6 +134,34 @@ def test_shares_learn_from_bound_gpu_pods_only_once() -> None:
     st.set_pod(bound("cpu", "a", "30", "1Gi"))  # no claims: not a GPU pod
     st.set_pod(bound("lost", "a", "30", "1Gi", "unknown-claim"))  # claim not seen: not counted
     assert st.shares.shares() == ((2, Share(10_000, 40 * GI)),) and len(st.shares) == 1
+
+
+def test_a_relist_learns_the_shares_of_bound_gpu_pods() -> None:
+    """The first list (and every relist) counts bound GPU pods as their watch events would, newest kept: the
+    scorer starting on a busy cluster, and the inventory's one-shot read, judge with the learned shares."""
+    st = trace_state({"a": "dgx-h100"}, window=2)
+    st.replace("claims", [claim("one", gpus(1)), claim("two", gpus(2))])
+    old, new, newer = bound("old", "a", "30", "8Gi", "one"), bound("new", "a", "20", "80Gi", "two"), \
+        bound("newer", "a", "4", "8Gi", "one")
+    for pod, t in ((old, "01"), (new, "02"), (newer, "03")):
+        pod["metadata"]["creationTimestamp"] = f"2026-12-{t}T00:00:00Z"
+    done = {**bound("done", "a", "90", "8Gi", "one"), "status": {"phase": "Succeeded"}}
+    st.replace("pods", [newer, done, pending("50", "1Gi", "one"), new, old])  # listed in any order
+    assert st.shares.shares() == ((1, Share(4_000, 8 * GI)), (2, Share(10_000, 40 * GI)))
+
+
+def test_stranded_by_shares_judges_each_size_with_its_own_share() -> None:
+    """The inventory's count (``clusterview.hostcols``): free GPUs no pod size the cluster runs can use."""
+    fair = Share(12_000, 48 * GI)  # a 96-CPU, 384Gi server per GPU
+    assert stranded_by_shares(8, 30_000, 384 * GI, (), fair) == (6, 0)  # nothing learned: the server's share
+    assert stranded_by_shares(8, 30_000, 384 * GI, (), None) == (0, 0)  # nor that: GPUs only
+    shares = ((1, Share(4_000, 16 * GI)), (8, Share(12_000, 48 * GI)))
+    assert stranded_by_shares(8, 30_000, 384 * GI, shares, fair) == (1, 0)  # seven 4-CPU 1-GPU pods fit
+    assert stranded_by_shares(8, 96_000, 384 * GI, shares, fair) == (0, 0)  # the whole server an 8-GPU pod takes
+    assert stranded_by_shares(8, 96_000, 40 * GI, shares, fair) == (0, 6)  # two 16Gi 1-GPU pods
+    only_big = ((8, Share(12_000, 48 * GI)),)
+    assert stranded_by_shares(8, 90_000, 384 * GI, only_big, fair) == (8, 0)  # one CPU short of the 8-GPU pod
+    assert stranded_by_shares(5, 0, 0, only_big, fair) == (5, 5)  # no size fits 5 GPUs: the server's share
 
 
 @pytest.mark.parametrize("path", ["deploy/placement/scheduler-config.yaml", "deploy/placement/second-scheduler.yaml"])
