@@ -16,6 +16,7 @@ import pytest
 from test_plugin_e2e import (  # noqa: F401 - fixtures
     R,
     boot_id_file,
+    delete_pod,
     hardware_config,
     our_specs,
     plugin,
@@ -67,20 +68,26 @@ def test_a_backfill_claim_is_prepared_only_for_a_pod_whose_deadline_fits_its_bou
     ns = nc.namespace("backfill")
     backfill_template(nc, ns)
     before = our_specs()
-    backfill_pod(nc, ns, "none", None)
-    backfill_pod(nc, ns, "long", 2 * BOUND_S)
-    backfill_pod(nc, ns, "fits", BOUND_S - 600)
-    for name in ("none", "long", "fits"):
-        claim = pod_claim(nc, ns, name)  # the real scheduler allocated each one on this node
-        assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == nc.node_name
-    wait_phase(nc, ns, "fits", "Running")
-    none = wait_for(lambda: refusal(nc, ns, "none"), 90, "the kubelet's event with the plugin's refusal (none)")
-    assert "must declare activeDeadlineSeconds <= 3600 (it declares none)" in none
-    long = wait_for(lambda: refusal(nc, ns, "long"), 90, "the kubelet's event with the plugin's refusal (long)")
-    assert "must declare activeDeadlineSeconds <= 3600 (it declares 7200)" in long
-    # Refused pods never start, and only the pod that fits got a CDI spec.
-    phases = {n: (nc.kube.get(f"/api/v1/namespaces/{ns}/pods/{n}") or {}).get("status", {}).get("phase")
-              for n in ("none", "long")}
-    assert phases == {"none": "Pending", "long": "Pending"}
-    assert len(our_specs() - before) == 1
-    assert refusal(nc, ns, "fits") is None
+    pods = {"none": None, "long": 2 * BOUND_S, "fits": BOUND_S - 600}
+    try:
+        for name, deadline in pods.items():
+            backfill_pod(nc, ns, name, deadline)
+        for name in pods:
+            claim = pod_claim(nc, ns, name)  # the real scheduler allocated each one on this node
+            assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == nc.node_name
+        wait_phase(nc, ns, "fits", "Running")
+        none = wait_for(lambda: refusal(nc, ns, "none"), 90, "the kubelet's event with the plugin's refusal (none)")
+        assert "must declare activeDeadlineSeconds <= 3600 (it declares none)" in none
+        long = wait_for(lambda: refusal(nc, ns, "long"), 90, "the kubelet's event with the plugin's refusal (long)")
+        assert "must declare activeDeadlineSeconds <= 3600 (it declares 7200)" in long
+        # Refused pods never start, and only the pod that fits got a CDI spec.
+        phases = {n: (nc.kube.get(f"/api/v1/namespaces/{ns}/pods/{n}") or {}).get("status", {}).get("phase")
+                  for n in ("none", "long")}
+        assert phases == {"none": "Pending", "long": "Pending"}
+        assert len(our_specs() - before) == 1
+        assert refusal(nc, ns, "fits") is None
+    finally:
+        # The refused pods keep their allocated claims (the kubelet retries prepare): gone before the next test.
+        for name in pods:
+            delete_pod(nc, ns, name)
+        wait_for(lambda: not nc.kube.list(f"{R}/namespaces/{ns}/resourceclaims"), 60, "the pods' claims to be gone")
