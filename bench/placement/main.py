@@ -357,6 +357,10 @@ class RunResult:
     gpus: int
     phases_s: dict[str, float]
     missed: list[dict[str, Any]]  # waiting jobs that fit somewhere by the model (see Replay.missed)
+    # Per job: id, GPUs, preference list, arrival, start (None: never), the models it got (sorted, distinct).
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    # Policy (g): per reserving job, what the planner said of it, on change (``reserve.Reserver.timeline``).
+    holds: dict[str, list[list[Any]]] = field(default_factory=dict)
 
 
 def wait_for(fn: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -629,7 +633,19 @@ class Replay:
                      "goodput": round(s.goodput, 3), "waiting": s.waiting, "whole_free": s.whole_free,
                      "cpu_only_on_gpu_nodes": s.cpu_only_on_gpu_nodes} for s in self.snaps],
             peak_free_per_node=peak[1], waits=waits, gpus=self.env.inv.total(),
-            phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log)
+            phases_s={k: round(v, 2) for k, v in self.phases.items()}, missed=self.missed_log,
+            jobs=self._job_records(),
+            holds={str(k): v for k, v in self.reserver.timeline.items()} if self.reserver is not None else {})
+
+    def _job_records(self) -> list[dict[str, Any]]:
+        """Every job of the run, for analyses the summary metrics cannot answer (``bench.placement.floor``)."""
+        out = []
+        for s in self.clock.states.values():
+            models = sorted({self.env.inv.gpus[(p.node, d)].model for p in s.placements for d in p.devices
+                             if (p.node, d) in self.env.inv.gpus})
+            out.append({"id": s.job.id, "gpus": s.job.gpus, "prefs": s.job.prefs, "arrival": s.job.arrival,
+                        "duration": s.job.duration, "start": s.start, "models": models})
+        return out
 
     def _mark_started(self, placements: Mapping[str, pm.Placement]) -> None:
         for job in self.clock.waiting():

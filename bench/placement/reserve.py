@@ -209,6 +209,9 @@ class Reserver:
     backfill_series: list[tuple[float, int]] = field(default_factory=list)  # (t, held GPUs used by backfill)
     first_hold: dict[int, tuple[float, float]] = field(default_factory=dict)  # job id -> (since, longest remaining)
     rules_leaked: int = 0
+    # job id -> [virtual t, what the planner said] each time it changed: a hold or hint (nodes, domain, expected
+    # start) or the plan's note (why no hold). For diagnosis (the run's ``holds``); not a metric.
+    timeline: dict[int, list[list[Any]]] = field(default_factory=dict)
 
     def step(self, clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], used: set[tuple[str, str]],
              jobs_by_pod: Mapping[str, pm.Job]) -> tuple[rsv.Plan, dict[str, dict[str, Any]]]:
@@ -234,12 +237,29 @@ class Reserver:
                 rest = [(e - now) for w in r.place.waits if (e := ends.get(w)) is not None]
                 unknown = any(ends.get(w) is None for w in r.place.waits)
                 self.first_hold[job.id] = (now, math.inf if unknown else max(rest, default=0.0))
+        self._record(now, waiting, result)
         self.expired.update({j.uid: now for j in result.expired})
         self.expired_count += len(result.expired)
         self.existing = {r.uid: rsv.Existing(r.state, r.place.nodes, r.place.domain, r.since, r.place.expected_start,
                                              r.place.narrowed)
                          for r in result.reservations}
         return result, wanted_rules(result, self.driver, now, self.settings.window_margin_s)
+
+    def _record(self, now: float, waiting: Sequence[pm.Job], result: rsv.Plan) -> None:
+        by_uid = {r.uid: r for r in result.reservations}
+        for job in waiting:
+            uid = job_uid(self.run, job.id)
+            r = by_uid.get(uid)
+            if r is not None:
+                start = r.place.expected_start
+                said = (f"{r.state} {len(r.place.nodes)} nodes in {r.place.domain}"
+                        f"{' (narrowed)' if r.place.narrowed is not None else ''}, expected start "
+                        f"{'unknown' if start is None else round(start)}")
+            else:
+                said = result.notes.get(uid, "no hold, no note")
+            seen = self.timeline.setdefault(job.id, [])
+            if not seen or seen[-1][1] != said:
+                seen.append([round(now), said])
 
     def held_nodes(self) -> set[str]:
         return {n for ex in self.existing.values() if ex.state == rsv.HELD for n in ex.nodes}

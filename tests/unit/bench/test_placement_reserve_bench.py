@@ -121,10 +121,14 @@ def test_reserver_holds_the_leaf_with_fewest_pods_to_wait_for_then_releases_when
     r.observe(200.0, used_of(placements))
     assert r.series[-1] == (200.0, 16)  # both held nodes whole and free: 16 GPUs held idle
     assert r.first_hold[3] == (200.0, 0.0)
+    # what the planner said, on change only: the hint while not eligible, then the hold with its domain
+    assert [t for t, _ in r.timeline[3]] == [0, 200]
+    assert r.timeline[3][0][1].startswith(f"{rsv.HINT} 2 nodes in ")
+    assert r.timeline[3][1][1] == f"{rsv.HELD} 2 nodes in lb (narrowed), expected start 200"
     # the same plan again: the hold is kept, not made again
     clock.advance(300.0)
     r.step(clock, placements, used_of(placements), by_pod)
-    assert r.made == 1
+    assert r.made == 1 and len(r.timeline[3]) == 2  # unchanged: nothing new recorded
     # the gang binds: nothing waits, nothing is wanted
     placements.update(started(clock, big, "b2", "b3"))
     plan, want = r.step(clock, placements, used_of(placements), by_pod)
