@@ -19,7 +19,10 @@ held leaves only, which ``--reserve-narrower-within inf`` repeats except where n
 What the planner is told, from the benchmark's own view:
 
 * waiting since: the job's arrival (virtual seconds), as the controller takes the oldest pending pod's creation;
-* free devices per node: GPUs of a model the job lists, not allocated, and not on a node another job holds;
+* free devices per node: GPUs of a model the job lists, not allocated, and not on a node another job holds
+  (those are ``reserved``: the planner counts them free once that job ends, when its runtime is known);
+* its runtime bound: its true duration under ``Settings.deadlines == "true"`` (the same best case as the running
+  pods' ends: as if the gang's pods declared ``activeDeadlineSeconds``), else unknown;
 * running pods per node: every bound pod with its GPUs, ending at its job's **true virtual end** when
   ``Settings.deadlines`` is ``"true"`` (the default: as if every pod declared ``activeDeadlineSeconds`` equal to its
   real duration, a best case, since users' deadlines are upper bounds) or with no end (``"none"``: the planner then
@@ -159,15 +162,17 @@ def planner_job(job: pm.Job, run: str, ns: str, inv: pm.NodeCapacity, fabric: Ma
         if not gpus or gpus[0].model not in models:
             continue
         holder = held_by.get(node)
-        free = () if holder not in (None, uid) else tuple(sorted(g.name for g in gpus if (node, g.name) not in used))
+        unused = tuple(sorted(g.name for g in gpus if (node, g.name) not in used))
+        free, reserved = ((), unused) if holder not in (None, uid) else (unused, ())
         where = fabric.get(node, {})
         domain = node if job.pods == 1 else (where.get("su") or None)
         narrower = () if job.pods == 1 else (where.get("leaf") or None,)
         running = tuple(rsv.RunningPod(name, devs, end) for name, devs, end in pods_on.get(node, ()))
-        nodes.append(rsv.NodeState(node, domain, free, running, narrower))
+        nodes.append(rsv.NodeState(node, domain, free, running, narrower, reserved))
+    runtime = job.duration if settings.deadlines == "true" else None
     return rsv.Job(ns, f"j{job.id:05d}", uid, job.pods, job.arrival, settings.after_s, settings.max_hold_s,
                    tuple(nodes), _capacity(job.per_pod), existing, expired_at, settings.cooldown_s, settings.grace_s,
-                   settings.narrower_within_s)
+                   settings.narrower_within_s, runtime)
 
 
 def pods_by_node(clock: pm.VirtualClock, placements: Mapping[str, pm.Placement], jobs_by_pod: Mapping[str, pm.Job],
@@ -253,7 +258,9 @@ class Reserver:
             if r is not None:
                 start = r.place.expected_start
                 said = (f"{r.state} {len(r.place.nodes)} nodes in {r.place.domain}"
-                        f"{' (narrowed)' if r.place.narrowed is not None else ''}, expected start "
+                        f"{' (narrowed)' if r.place.narrowed is not None else ''}"
+                        f"{f' and counts on {len(r.place.after)} held for earlier jobs' if r.place.after else ''}"
+                        f", expected start "
                         f"{'unknown' if start is None else round(start)}")
             else:
                 said = result.notes.get(uid, "no hold, no note")

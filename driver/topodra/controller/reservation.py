@@ -34,6 +34,16 @@ The rules, in order (Slurm-like: the job's reservation sits at its earliest star
 * expected start: when the last pod waited for ends, if every one of them declares ``activeDeadlineSeconds``
   (``startTime`` + deadline); ``now`` when none must end; else unknown (None).
 * one hint (effect None): the domain the oldest waiting job without a hold would get now.
+* planning past earlier holds (Slurm's backfill reserves each job at its earliest start given the reservations
+  of the jobs before it): a node held for a job planned earlier in the pass is never held again, but when that
+  job's runtime bound is known (``Job.runtime_s``: every pending pod declares ``activeDeadlineSeconds``) and so is
+  its expected start, a later job counts the node as freeing at that start + runtime (its devices kept by the hold,
+  ``NodeState.reserved``, with the node's own). The later job holds only the other nodes it needs (``Place.nodes``;
+  the ones it counts on are ``Place.after``), from now, so small pods do not settle there while the earlier job
+  runs. Without a known runtime the earlier job's nodes are out of the later job's plan, as before: a job whose
+  model's servers are all held or too few besides (issue 33 session 13: a 64-GPU job of the one model with 10
+  servers behind a 32-GPU job's hold of 4) got no hold, and 1- and 2-GPU pods of 4-6 hours settled on the servers
+  it needed meanwhile.
 
 Capacity, how many of the job's pods a set of devices holds (Required placement, one node), is the caller's
 ``capacity`` function: the operator passes ``gang.pods_on_node`` (the fleet model's view), tests a count.
@@ -43,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
@@ -73,6 +83,7 @@ class NodeState:
     free: tuple[Any, ...]  # free devices of the job's class: unallocated, no blocking taint but the job's own
     running: tuple[RunningPod, ...] = ()
     narrower: tuple[str | None, ...] = ()  # its values of the narrower levels the job prefers, narrowest first
+    reserved: tuple[Any, ...] = ()  # devices of the job's class free but kept by another job's hold (not in free)
 
 
 @dataclass(frozen=True)
@@ -103,8 +114,12 @@ class Job:
     cooldown_s: float = 1800.0  # after an expired hold, how long the job waits before it may reserve again
     grace_s: float = 900.0  # a hold with a known expected start ends this long after it
     narrower_within_s: float = 1800.0  # a narrower level is taken if it starts at most this much later
+    runtime_s: float | None = None  # how long its pods run at most once bound (activeDeadlineSeconds); None: unknown
 
     def __post_init__(self) -> None:
+        if self.runtime_s is not None and not self.runtime_s > 0:
+            raise ValueError(f"job {self.namespace}/{self.name}: a runtime bound must be positive "
+                             f"(got {self.runtime_s})")
         if self.narrower_within_s < 0:
             raise ValueError(f"job {self.namespace}/{self.name}: narrowerWithin must not be negative "
                              f"(got {self.narrower_within_s})")
@@ -134,6 +149,7 @@ class Place:
     expected_start: float | None
     gpus_free: int  # free devices of the job's class on those nodes now (held idle while reserved)
     narrowed: int | None = None  # index of the narrower level taken (NodeState.narrower); None: the job's own
+    after: tuple[str, ...] = ()  # nodes it counts on that an earlier job holds now (free at that job's end)
 
 
 @dataclass(frozen=True)
@@ -180,29 +196,41 @@ def _slots(node: NodeState, capacity: Capacity) -> list[tuple[int, float, int, t
     return out
 
 
-def place_in(domain: str, nodes: Sequence[NodeState], pods: int, capacity: Capacity, now: float) -> Place | None:
+def place_in(domain: str, nodes: Sequence[NodeState], pods: int, capacity: Capacity, now: float,
+             later: Mapping[str, float] | None = None) -> Place | None:
     """The nodes of one domain that take ``pods`` job pods soonest, or None when the domain cannot hold them.
 
     Slots are taken in the order they free (end first; among unknown ends, fewest pods to wait for), so the job's
-    N-th pod starts as early as the domain allows and only the nodes that drain soonest are reserved."""
-    slots = [(w, end, node.name, k, names) for node in nodes for (w, end, k, names) in _slots(node, capacity)]
+    N-th pod starts as early as the domain allows and only the nodes that drain soonest are reserved. A node in
+    ``later`` (held for an earlier job that ends then) offers its free and reserved devices from that time on, and
+    is counted on (``Place.after``), never held."""
+    later = later or {}
+    slots = []
+    for node in nodes:
+        at = later.get(node.name)
+        if at is None:
+            slots += [(w, end, node.name, k, names) for (w, end, k, names) in _slots(node, capacity)]
+        else:
+            pooled = replace(node, free=(*node.free, *node.reserved))
+            slots += [(w, max(end, at), node.name, k, names) for (w, end, k, names) in _slots(pooled, capacity)]
     if len(slots) < pods:
         return None
     slots.sort(key=lambda s: (s[1], s[0], s[2], s[3]))
     taken = slots[:pods]
     per_node: dict[str, tuple[str, ...]] = {}
     ends: list[float] = []
-    for w, end, name, _k, names in taken:
+    for _w, end, name, _k, names in taken:
         if len(names) >= len(per_node.get(name, ())):
             per_node[name] = names
-        if w:
+        if end > -math.inf:  # a slot free now ends at -inf; any other waits for pods or an earlier job
             ends.append(end)
-    chosen = tuple(sorted(per_node))
+    chosen = tuple(sorted(n for n in per_node if n not in later))
+    after = tuple(sorted(n for n in per_node if n in later))
     waits = tuple(sorted({n for names in per_node.values() for n in names}))
     last = max(ends, default=now)
     expected = None if math.isinf(last) else max(last, now)
-    free = sum(len(n.free) for n in nodes if n.name in per_node)
-    return Place(domain, chosen, waits, expected, free)
+    free = sum(len(n.free) for n in nodes if n.name in chosen)
+    return Place(domain, chosen, waits, expected, free, after=after)
 
 
 def _rank(p: Place) -> tuple[float, int, int, str]:
@@ -221,28 +249,38 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     return min(known) if known else None
 
 
-def _best(job: Job, now: float, excluded: frozenset[str], level: int | None) -> Place | None:
+def _domain_of(n: NodeState, level: int | None) -> str | None:
+    return n.domain if level is None else (n.narrower[level] if level < len(n.narrower) else None)
+
+
+def _best(job: Job, now: float, excluded: frozenset[str], level: int | None,
+          later: Mapping[str, float]) -> Place | None:
     """The soonest place in one level's domains (``level``: index into ``NodeState.narrower``; None: own)."""
     by_domain: dict[str, list[NodeState]] = defaultdict(list)
     for n in job.nodes:
         if n.name in excluded:
             continue
-        d = n.domain if level is None else (n.narrower[level] if level < len(n.narrower) else None)
+        d = _domain_of(n, level)
         if d is not None:
             by_domain[d].append(n)
-    places = [p for d, nodes in by_domain.items() if (p := place_in(d, nodes, job.pods, job.capacity, now))]
+    places = [p for d, nodes in by_domain.items()
+              if (p := place_in(d, nodes, job.pods, job.capacity, now, later)) and p.nodes]
     best = min(places, key=_rank, default=None)
     return best if best is None or level is None else replace(best, narrowed=level)
 
 
-def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset()) -> Place | None:
+def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset(),
+                 later: Mapping[str, float] | None = None) -> Place | None:
     """The domain that holds the job soonest, and the nodes it needs there (None: no domain can); a narrower
-    level's domain when it starts at most ``job.narrower_within_s`` later (see the module)."""
-    own = _best(job, now, excluded, None)
+    level's domain when it starts at most ``job.narrower_within_s`` later (see the module). ``later``: nodes held
+    for earlier jobs whose end is known, and that end (counted on, never held; a place made only of them is none:
+    there would be nothing to hold)."""
+    later = {n: t for n, t in (later or {}).items() if n not in excluded}
+    own = _best(job, now, excluded, None, later)
     depth = max((len(n.narrower) for n in job.nodes), default=0)
     limit = math.inf if own is None or own.expected_start is None else own.expected_start + job.narrower_within_s
     for level in range(depth):
-        narrow = _best(job, now, excluded, level)
+        narrow = _best(job, now, excluded, level, later)
         if narrow is None:
             continue
         start = math.inf if narrow.expected_start is None else narrow.expected_start
@@ -261,14 +299,25 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
     notes: dict[str, str] = {}
     expired: list[Job] = []
     kept: list[Reservation] = []
+    excluded: set[str] = set()  # nodes held for a job planned earlier in this pass whose end is unknown
+    later: dict[str, float] = {}  # nodes held for such a job whose end is known -> that end
+
+    def hold(r: Reservation, job: Job) -> None:
+        start = r.place.expected_start
+        for n in r.place.nodes:
+            if job.runtime_s is None or start is None:
+                excluded.add(n)
+            else:
+                later[n] = start + job.runtime_s
     oldest = sorted(jobs, key=lambda j: (j.waiting_since if j.waiting_since is not None else math.inf,
                                          j.namespace, j.name))
     for job in oldest:
         ex = job.existing
         if ex is None or ex.state != HELD or not job.waiting or job.waiting_since is None:
             continue
-        mine = [n for n in job.nodes if n.name in ex.nodes]
-        place = place_in(ex.domain, mine, job.pods, job.capacity, now)
+        mine = [n for n in job.nodes if n.name in ex.nodes
+                or (n.name in later and n.name not in excluded and _domain_of(n, ex.narrowed) == ex.domain)]
+        place = place_in(ex.domain, mine, job.pods, job.capacity, now, later)
         start = _earliest(ex.expected_start, place.expected_start if place is not None else None)
         if now >= hold_ends(ex, start, job.max_hold_s, job.grace_s):
             expired.append(job)
@@ -279,12 +328,12 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
         if len(kept) >= max_reservations:
             notes[job.uid] = f"released: at most {max_reservations} reservation(s) hold at once"
             continue
-        if place is None:
+        if place is None or not place.nodes:
             notes[job.uid] = "released: the reserved nodes can no longer hold the job; planning again"
             continue
-        place = Place(place.domain, place.nodes, place.waits, start, place.gpus_free, ex.narrowed)
+        place = Place(place.domain, place.nodes, place.waits, start, place.gpus_free, ex.narrowed, place.after)
         kept.append(Reservation(job.namespace, job.name, job.uid, HELD, place, ex.since, job.waiting_since))
-    held_nodes = {n for r in kept for n in r.place.nodes}
+        hold(kept[-1], job)
     gone = {j.uid for j in expired}
     made: list[Reservation] = []
     for job in oldest:
@@ -304,19 +353,20 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
         if len(kept) + len(made) >= max_reservations:
             notes[job.uid] = f"eligible, but {max_reservations} reservation(s) already hold (oldest first)"
             continue
-        place = choose_place(job, now, frozenset(held_nodes))
+        place = choose_place(job, now, frozenset(excluded), later)
         if place is None:
-            notes[job.uid] = "eligible, but no domain can hold the whole job even when its running pods end"
+            notes[job.uid] = ("eligible, but no domain can hold the whole job even when its running pods end"
+                              + (" and the holds of jobs before it with a known runtime end" if later else ""))
             continue
         made.append(Reservation(job.namespace, job.name, job.uid, HELD, place, now, job.waiting_since))
-        held_nodes.update(place.nodes)
+        hold(made[-1], job)
     holding = {r.uid for r in (*kept, *made)}
     hint: list[Reservation] = []
     for job in oldest:
         if (not job.waiting or job.waiting_since is None or job.uid in holding or job.cooling(now)
                 or job.uid in gone):
             continue
-        place = choose_place(job, now, frozenset(held_nodes))
+        place = choose_place(job, now, frozenset(excluded), later)
         if place is None:
             continue
         ex = job.existing

@@ -243,7 +243,9 @@ def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: 
                     "gpusHeldIdle": r.place.gpus_free if r.state == HELD else 0,
                     "podsToWaitFor": len(r.place.waits),
                     "message": (f"holding {len(r.place.nodes)} node(s) of {level} {r.place.domain}"
-                                if r.state == HELD else f"would reserve {level} {r.place.domain} next")}
+                                if r.state == HELD else f"would reserve {level} {r.place.domain} next")
+                    + (f", counting on {len(r.place.after)} node(s) held for jobs before it once they end"
+                       if r.place.after else "")}
         if r.place.expected_start is not None:
             out["expectedStart"] = stamp(r.place.expected_start)
         if r.state == HELD:
@@ -293,15 +295,17 @@ def node_states(profile: ClaimProfile, alternative: str, key: str | None, whole_
                 driver: str, holders: dict[tuple[str, str], tuple[str, float | None]],
                 narrower_keys: tuple[str, ...] = ()) -> tuple[NodeState, ...]:
     """The schedulable nodes publishing the alternative's class, each with its free devices (the job's own
-    reservation does not block them), the running pods holding the rest, and its values of the narrower
-    levels' keys (``narrower_keys``, narrowest first)."""
+    reservation does not block them), the running pods holding the rest, its values of the narrower
+    levels' keys (``narrower_keys``, narrowest first), and the devices only another job's reservation keeps."""
     alt = next(a for a in profile.spec.alternatives if a.effective_name == alternative)
     match, _why = class_match(snap.classes.get(alt.device_class_name))
     if match is None:
         return ()
     uid = profile.metadata.uid
     others = [r for r in snap.rules if not (ours(r) and rule_uid(r) == uid)]
+    not_reservations = [r for r in others if not ours(r)]
     free: dict[str, list[PublishedDevice]] = defaultdict(list)
+    reserved: dict[str, list[PublishedDevice]] = defaultdict(list)
     held: dict[str, dict[str, list[PublishedDevice]]] = defaultdict(lambda: defaultdict(list))
     ends: dict[str, float | None] = {}
     nodes: set[str] = set()
@@ -315,6 +319,8 @@ def node_states(profile: ClaimProfile, alternative: str, key: str | None, whole_
             ends[who] = end
         elif not blocking(device_taints(d.raw, others, driver, d.pool)):
             free[d.node].append(d)
+        elif not blocking(device_taints(d.raw, not_reservations, driver, d.pool)):
+            reserved[d.node].append(d)  # kept only by another job's reservation: free when that job ends
     out = []
     for node in sorted(nodes):
         if whole_server:
@@ -325,7 +331,8 @@ def node_states(profile: ClaimProfile, alternative: str, key: str | None, whole_
             domain = (snap.node_labels.get(node) or {}).get(key)
         running = tuple(RunningPod(who, tuple(devs), ends.get(who)) for who, devs in sorted(held[node].items()))
         labels = snap.node_labels.get(node) or {}
-        out.append(NodeState(node, domain, tuple(free[node]), running, tuple(labels.get(k) for k in narrower_keys)))
+        out.append(NodeState(node, domain, tuple(free[node]), running, tuple(labels.get(k) for k in narrower_keys),
+                             tuple(reserved[node])))
     return tuple(out)
 
 
@@ -349,6 +356,18 @@ def _capacity(profile: ClaimProfile, alternative: str, driver: str) -> Any:
 def _names_template(pod: Obj, template: str) -> bool:
     return any(c.get("resourceClaimTemplateName") == template
                for c in (pod.get("spec") or {}).get("resourceClaims") or [])
+
+
+def runtime_bound(pods: Iterable[Obj]) -> float | None:
+    """The longest ``activeDeadlineSeconds`` of a job's pending pods, or None when one declares none (or none
+    is pending): how long the job runs at most once bound, for the jobs planned after it."""
+    bounds: list[int] = []
+    for p in pods:
+        b = (p.get("spec") or {}).get("activeDeadlineSeconds")
+        if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+            return None
+        bounds.append(b)
+    return float(max(bounds)) if bounds else None
 
 
 def _pending(pods: Iterable[Obj]) -> list[Obj]:
@@ -395,7 +414,7 @@ def job_of(kube: Kube, body: Obj, profile: ClaimProfile, snap: Snapshot, cfg: An
                         tuple(gangspec.level_key(lv) for lv in narrower))
     job = Job(ns, name, profile.metadata.uid, max(needed, 0), since if needed > 0 else None, float(after),
               float(hold), nodes, _capacity(profile, alternative, cfg.driver), existing, expired_at,
-              float(cfg.reservation_cooldown_s), float(grace), float(within))
+              float(cfg.reservation_cooldown_s), float(grace), float(within), runtime_bound(pending))
     return job, (*narrower, level)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -225,3 +226,57 @@ def test_a_leaf_is_held_only_when_it_starts_the_job_at_most_narrower_within_afte
     assert (r.state, r.place.domain, r.place.nodes, r.place.narrowed) == (HELD, "A", ("a1", "a2"), 0)
     with pytest.raises(ValueError, match="narrowerWithin"):
         Job("ml", "j", "u1", 2, NOW, 600, 3600, (), per(8), narrower_within_s=-1)
+
+
+def held_for_other(name: str, domain: str, reserved: int, *running: tuple[str, int, float | None]) -> NodeState:
+    """A node whose ``reserved`` free devices another job's hold keeps (free for that job, not for this one)."""
+    n = node(name, domain, 0, *running)
+    return replace(n, reserved=tuple(f"{name}/r{i}" for i in range(reserved)))
+
+
+def test_a_job_behind_an_earlier_hold_with_a_known_runtime_holds_the_rest_at_its_earliest_start() -> None:
+    # Five 8-GPU servers of the one model both jobs accept: h1, h2 free, h3-h5 running pods that end at +500, +9000
+    # and +20000. "first" (older, 2 servers, runs at most 3000 s) holds h1, h2 and starts now. "big" (4 servers)
+    # cannot start before first ends: it holds h3, h4 now and counts on h1, h2 from +3000 (Slurm's backfill order).
+    running = [node("h3", "H", 0, ("ml/s1", 8, NOW + 500)), node("h4", "H", 0, ("ml/s2", 8, NOW + 9000)),
+               node("h5", "H", 0, ("ml/s3", 8, NOW + 20_000))]
+    first = replace(job("first", pods=2, waited=5000, nodes=[node("h1", "H", 8), node("h2", "H", 8), *running]),
+                    runtime_s=3000.0)
+    behind = [held_for_other("h1", "H", 8), held_for_other("h2", "H", 8), *running]
+    big = job("big", pods=4, waited=4000, nodes=behind)
+    p = plan([first, big], NOW, 2)
+    held = {r.uid: r for r in p.reservations}
+    assert held["first"].place.nodes == ("h1", "h2") and held["first"].place.expected_start == NOW
+    b = held["big"]
+    assert (b.state, b.place.nodes, b.place.after) == (HELD, ("h3", "h4"), ("h1", "h2"))
+    assert b.place.expected_start == NOW + 9000 and b.place.waits == ("ml/s1", "ml/s2")
+    assert b.place.gpus_free == 0  # h3 and h4 are busy now: nothing held idle yet
+    # Without a runtime for first, its servers are out of big's plan: 3 servers are too few, no hold (as before).
+    blind = plan([replace(first, runtime_s=None), big], NOW, 2)
+    assert [r.uid for r in blind.reservations] == ["first"]
+    assert blind.notes["big"] == "eligible, but no domain can hold the whole job even when its running pods end"
+    # The next pass keeps both holds where they are, big's still counting on h1, h2.
+    first_ex = Existing(HELD, ("h1", "h2"), "H", NOW, NOW)
+    big_ex = Existing(HELD, ("h3", "h4"), "H", NOW, NOW + 9000)
+    later = plan([replace(first, existing=first_ex), replace(big, existing=big_ex)], NOW + 100, 2)
+    kept = later.of("big")
+    assert kept is not None and (kept.since, kept.place.nodes, kept.place.after) == (NOW, ("h3", "h4"), ("h1", "h2"))
+    # first binds (its pods run on h1, h2 until +3000): big plans again over all four servers it needs.
+    bound = [node("h1", "H", 0, ("ml/f0", 8, NOW + 3000)), node("h2", "H", 0, ("ml/f1", 8, NOW + 3000)), *running]
+    after_bind = plan([replace(first, pods=0, existing=first_ex), replace(big, nodes=tuple(bound), existing=big_ex)],
+                      NOW + 100, 2)
+    (b,) = after_bind.reservations
+    assert (b.uid, b.place.nodes, b.place.after, b.since) == ("big", ("h1", "h2", "h3", "h4"), (), NOW + 100)
+    assert b.place.expected_start == NOW + 9000
+
+
+def test_a_place_made_only_of_servers_held_for_an_earlier_job_holds_nothing() -> None:
+    first = replace(job("first", pods=2, waited=5000, nodes=[node("h1", "H", 8), node("h2", "H", 8)]),
+                    runtime_s=600.0)
+    big = job("big", pods=2, waited=4000, nodes=[held_for_other("h1", "H", 8), held_for_other("h2", "H", 8),
+                                                 node("h3", "H", 0, ("ml/x", 8, None))])
+    p = plan([first, big], NOW, 2)
+    assert [r.uid for r in p.reservations] == ["first"]  # h1, h2 at +600 beat h3 (unknown end): nothing to hold
+    assert p.notes["big"].endswith("and the holds of jobs before it with a known runtime end")
+    with pytest.raises(ValueError, match="runtime bound must be positive"):
+        replace(first, runtime_s=0.0)

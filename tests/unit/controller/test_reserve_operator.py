@@ -238,3 +238,36 @@ def test_a_gang_holds_its_units_soonest_nodes_unless_a_leaf_starts_it_within_nar
 
 def vocab_rule_narrowed(rule: Obj) -> str | None:
     return (rule["metadata"].get("annotations") or {}).get("topodra.io/reservation-narrowed")
+
+
+def test_a_gang_behind_an_older_hold_with_declared_deadlines_holds_the_rest_and_counts_on_it(kube: FakeKube) -> None:  # noqa: F811
+    cluster(kube, {})
+    add_profile(kube, {**SPEC, "pods": 2}, name="first")
+    for i in range(2):  # the older gang: its pods declare a 1 h runtime bound
+        kube.create(pod_path("ml"), {"metadata": {"name": f"first-{i}", "namespace": "ml",
+                                                  "creationTimestamp": ago(800)},
+                                     "spec": {"schedulingGroup": {"podGroupName": "first"},
+                                              "activeDeadlineSeconds": 3600},
+                                     "status": {"phase": "Pending"}})
+    add_profile(kube, {**SPEC, "pods": 3})
+    gang_pods(kube, waited=400, n=3)
+    st = refresh(kube)
+    first = kube.objs[f"{PROFILES}/first"]["status"]["reservation"]
+    assert first["state"] == "Held" and len(first["nodes"]) == 2
+    res = st["reservation"]
+    # train needs 3 of the 4 nodes: the 2 first does not hold now, and 1 of first's once first ends (in 1 h)
+    assert res["state"] == "Held" and sorted(res["nodes"] + first["nodes"]) == ["n0", "n1", "n2", "n3"]
+    assert res["message"].endswith(", counting on 1 node(s) held for jobs before it once they end")
+    assert "expectedStart" in res and res["expectedStart"] > first["expectedStart"]
+    holds = {r["spec"]["deviceSelector"]["pool"]: r["spec"]["taint"]["value"] for r in rules(kube).values()
+             if r["spec"]["taint"]["key"] == vocab.RESERVATION_TAINT_KEY}
+    assert len(holds) == 4 and len(set(holds.values())) == 2  # every node held once, by one of the two jobs
+    # Without a runtime bound on first's pods, train cannot plan past first's hold: nothing held, and why.
+    for i in range(2):
+        del kube.objs[f"{pod_path('ml')}/first-{i}"]["spec"]["activeDeadlineSeconds"]
+    st = refresh(kube)
+    assert st["reservation"]["state"] == "Waiting" and st["reservation"]["message"] == (
+        "eligible, but no domain can hold the whole job even when its running pods end")
+    first_uid = kube.objs[f"{PROFILES}/first"]["metadata"]["uid"]
+    assert {r["spec"]["taint"]["value"] for r in rules(kube).values()
+            if r["spec"]["taint"]["key"] == vocab.RESERVATION_TAINT_KEY} == {first_uid}  # train's holds are gone
