@@ -131,16 +131,23 @@ def floor_waits(jobs: Sequence[pm.Job], starts: Mapping[int, float], gpus: int =
     return [starts[j.id] - j.arrival for j in jobs if j.gpus == gpus and j.id in starts]
 
 
-def streams(result: Mapping[str, Any]) -> dict[int, list[pm.Job]]:
-    """seed -> the jobs of a ``--multinode`` result's runs, rebuilt from its stored arguments (``main.workload``)."""
+def checked_args(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The result's stored arguments; ValueError unless it is a ``--multinode`` run on the synthetic stream."""
     args = result.get("args") or {}
     if not args.get("multinode") or args.get("adversarial") or args.get("trace"):
         raise ValueError("the floor needs a result of `bench/run placement --multinode` on the synthetic stream")
     if not args.get("cluster"):
         raise ValueError("the result names no cluster file (args.cluster)")
+    return args
+
+
+def streams(result: Mapping[str, Any], inv: pm.NodeCapacity | None = None) -> dict[int, list[pm.Job]]:
+    """seed -> the jobs of a ``--multinode`` result's runs, rebuilt from its stored arguments (``main.workload``);
+    ``inv``: the result's cluster (``servers_of``), built here when not given."""
+    args = checked_args(result)
     from bench.placement.main import workload
 
-    capacity = sum(1 for _ in servers_of(args["cluster"])[1].gpus)
+    capacity = (inv if inv is not None else servers_of(args["cluster"])[1]).total()
     ns = argparse.Namespace(**{**args, "trace": None})
     seeds = sorted({int(r["seed"]) for r in result.get("runs", [])})
     return {s: workload(ns, s, capacity)[1] for s in seeds}
@@ -148,8 +155,8 @@ def streams(result: Mapping[str, Any]) -> dict[int, list[pm.Job]]:
 
 def report(result: Mapping[str, Any], mins: Sequence[int]) -> dict[str, Any]:
     """Per seed: each policy's 64-GPU p95 wait in ``result`` and the floor's, per ``min_gpus`` and choice."""
-    by_seed = streams(result)
-    servers, inv = servers_of(result["args"]["cluster"])
+    servers, inv = servers_of(checked_args(result)["cluster"])
+    by_seed = streams(result, inv)
     rows: dict[int, dict[str, float]] = {}
     for seed, jobs in by_seed.items():
         row: dict[str, float] = {}

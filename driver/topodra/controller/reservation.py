@@ -274,8 +274,8 @@ def choose_place(job: Job, now: float, excluded: frozenset[str] = frozenset(),
     """The domain that holds the job soonest, and the nodes it needs there (None: no domain can); a narrower
     level's domain when it starts at most ``job.narrower_within_s`` later (see the module). ``later``: nodes held
     for earlier jobs whose end is known, and that end (counted on, never held; a place made only of them is none:
-    there would be nothing to hold)."""
-    later = {n: t for n, t in (later or {}).items() if n not in excluded}
+    there would be nothing to hold; disjoint from ``excluded``)."""
+    later = later or {}
     own = _best(job, now, excluded, None, later)
     depth = max((len(n.narrower) for n in job.nodes), default=0)
     limit = math.inf if own is None or own.expected_start is None else own.expected_start + job.narrower_within_s
@@ -299,8 +299,10 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
     notes: dict[str, str] = {}
     expired: list[Job] = []
     kept: list[Reservation] = []
-    excluded: set[str] = set()  # nodes held for a job planned earlier in this pass whose end is unknown
-    later: dict[str, float] = {}  # nodes held for such a job whose end is known -> that end
+    # Nodes held for a job planned earlier in this pass: its end unknown (excluded) or known (later, -> that end).
+    # Disjoint: each node is held for one job.
+    excluded: set[str] = set()
+    later: dict[str, float] = {}
 
     def hold(r: Reservation, job: Job) -> None:
         start = r.place.expected_start
@@ -316,7 +318,7 @@ def plan(jobs: Sequence[Job], now: float, max_reservations: int) -> Plan:
         if ex is None or ex.state != HELD or not job.waiting or job.waiting_since is None:
             continue
         mine = [n for n in job.nodes if n.name in ex.nodes
-                or (n.name in later and n.name not in excluded and _domain_of(n, ex.narrowed) == ex.domain)]
+                or (n.name in later and _domain_of(n, ex.narrowed) == ex.domain)]
         place = place_in(ex.domain, mine, job.pods, job.capacity, now, later)
         start = _earliest(ex.expected_start, place.expected_start if place is not None else None)
         if now >= hold_ends(ex, start, job.max_hold_s, job.grace_s):

@@ -261,11 +261,19 @@ def reservation_status(r: Reservation | None, job: Job, note: str, expired_now: 
 
 # --- the facts one job is planned from -------------------------------------------------------------------------
 
+def declared_deadline(pod: Obj) -> int | None:
+    """A pod's ``spec.activeDeadlineSeconds`` when it declares a valid one (a positive integer), else None."""
+    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline <= 0:
+        return None
+    return deadline
+
+
 def pod_end(pod: Obj) -> float | None:
     """When a running pod ends at the latest: ``status.startTime`` + ``spec.activeDeadlineSeconds`` (None: no bound)."""
-    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    deadline = declared_deadline(pod)
     start = parse_time((pod.get("status") or {}).get("startTime"))
-    if not isinstance(deadline, int) or isinstance(deadline, bool) or start is None:
+    if deadline is None or start is None:
         return None
     return start + deadline
 
@@ -361,13 +369,10 @@ def _names_template(pod: Obj, template: str) -> bool:
 def runtime_bound(pods: Iterable[Obj]) -> float | None:
     """The longest ``activeDeadlineSeconds`` of a job's pending pods, or None when one declares none (or none
     is pending): how long the job runs at most once bound, for the jobs planned after it."""
-    bounds: list[int] = []
-    for p in pods:
-        b = (p.get("spec") or {}).get("activeDeadlineSeconds")
-        if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
-            return None
-        bounds.append(b)
-    return float(max(bounds)) if bounds else None
+    bounds = [declared_deadline(p) for p in pods]
+    if not bounds or None in bounds:
+        return None
+    return float(max(b for b in bounds if b is not None))
 
 
 def _pending(pods: Iterable[Obj]) -> list[Obj]:
